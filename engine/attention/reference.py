@@ -1,0 +1,49 @@
+"""The fp32 reference attention: einsum, explicit boolean mask, softmax in fp32. The test oracle."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention.masks import MaskSpec, materialize
+
+
+def _check_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    assert q.dim() == 4 and k.dim() == 4 and v.dim() == 4, "layout is [B, H, T, D]"
+    assert k.shape == v.shape, f"k {tuple(k.shape)} and v {tuple(v.shape)} differ"
+    assert q.shape[0] == k.shape[0] and q.shape[3] == k.shape[3], "batch or head_dim mismatch"
+    assert q.shape[1] % k.shape[1] == 0, "query heads must be a multiple of KV heads"
+
+
+def attention_scores(q: torch.Tensor, k: torch.Tensor, mask: MaskSpec, scale: float) -> torch.Tensor:
+    """Masked fp32 scores [B, Hq, Tq, Tk]; masked entries are -inf. GQA by head-major repeat."""
+    _check_layout(q, k, k)
+    groups = q.shape[1] // k.shape[1]
+    k32 = k.float().repeat_interleave(groups, dim=1)  # KV head j serves query heads j*g..j*g+g-1
+    scores = torch.einsum("bhqd,bhkd->bhqk", q.float(), k32) * scale
+    dense = materialize(mask, q.shape[0], q.shape[2], k.shape[2], q.device)
+    if dense is not None:
+        scores = scores.masked_fill(~dense, float("-inf"))
+    return scores
+
+
+def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: MaskSpec, scale: float) -> torch.Tensor:
+    """fp32 attention probabilities [B, Hq, Tq, Tk]; a row with no visible key is all zeros."""
+    scores = attention_scores(q, k, mask, scale)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.nan_to_num(probs, nan=0.0)
+
+
+def reference_attention(q, k, v, mask: MaskSpec, scale: float, return_lse: bool = False):
+    """out [B, Hq, Tq, D] in q's dtype, and lse [B, Hq, Tq] fp32 (natural log) if asked.
+
+    Rows with no visible key give out = 0 and lse = -inf, the neutral element of
+    `merge_attention_states`.
+    """
+    _check_layout(q, k, v)
+    scores = attention_scores(q, k, mask, scale)
+    lse = torch.logsumexp(scores, dim=-1)  # [B, Hq, Tq]
+    probs = torch.exp(scores - lse[..., None])
+    probs = torch.nan_to_num(probs, nan=0.0)
+    groups = q.shape[1] // k.shape[1]
+    out = torch.einsum("bhqk,bhkd->bhqd", probs, v.float().repeat_interleave(groups, dim=1))
+    return out.to(q.dtype), (lse if return_lse else None)

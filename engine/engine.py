@@ -1,0 +1,134 @@
+"""The public engine API: a loaded model, its tokenizer, and generation."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.attention import AttentionBackend, full_mask, select_backend
+from engine.config import ModelConfig
+from engine.decode import DecodeStep, dense_decode
+from engine.model import DiffusionLM
+from engine.sampling import SamplingParams
+from engine.tokenizer import encode_prompt, load_tokenizer
+from engine.weights import default_dtype, load_model, read_model_config
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    answer_ids: list[int]
+    prompt_tokens: int
+    steps: int
+    forward_passes: int
+    stopped_early: bool
+    seconds: float
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The requested device, or CUDA when present, else CPU (decided at call time, not import)."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but torch sees no CUDA device")
+    return device
+
+
+class Engine:
+    """A diffusion LM ready to run: `Engine.from_pretrained(folder)`."""
+
+    def __init__(self, model: DiffusionLM, tokenizer, attention: AttentionBackend,
+                 path: Path | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.attention = attention
+        self.path = path
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.cfg
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, device: str | torch.device | None = None,
+                        dtype: torch.dtype | None = None, attention: str | None = None) -> Engine:
+        """Loads a local Dream / LLaDA-format folder. bf16 on GPU, fp32 on CPU unless `dtype`."""
+        path = Path(path)
+        dev = resolve_device(device)
+        dtype = dtype or default_dtype(dev)
+        cfg = read_model_config(path)
+        tokenizer = load_tokenizer(path, cfg)
+        model = load_model(path, cfg, dev, dtype)
+        backend = select_backend(dev, dtype, override=attention)
+        logger.info("engine ready: %s on %s (%s), attention=%s", path, dev, dtype, backend.name)
+        return cls(model, tokenizer, backend, path)
+
+    @torch.inference_mode()
+    def logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Full bidirectional forward; unshifted logits [B, T, V] for every row (tests and evals)."""
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        input_ids = input_ids.to(self.device)
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
+        elif position_ids.dim() == 1:
+            position_ids = position_ids[None].expand_as(input_ids)
+        out = self.model(input_ids, position_ids.to(self.device), full_mask(), self.attention,
+                         logits_rows="all", return_kv=False)
+        return out.logits
+
+    def encode(self, prompt_or_messages: str | list[dict[str, str]],
+               use_chat_template: bool = True) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt_or_messages, use_chat_template)
+
+    @torch.inference_mode()
+    def stream_generate(self, prompt_or_messages: str | list[dict[str, str]] | list[int],
+                        params: SamplingParams | None = None, use_chat_template: bool = True
+                        ) -> Iterator[DecodeStep | GenerationResult]:
+        """Yields a DecodeStep per denoising step, then the GenerationResult (dense decoding)."""
+        params = params or SamplingParams()
+        if isinstance(prompt_or_messages, list) and all(isinstance(t, int) for t in prompt_or_messages):
+            ids = list(prompt_or_messages)
+        else:
+            ids = self.encode(prompt_or_messages, use_chat_template)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        start = time.perf_counter()
+        loop = dense_decode(self.model, self.attention, torch.tensor(ids), params, generator)
+        while True:
+            try:
+                yield next(loop)
+            except StopIteration as done:
+                outcome = done.value
+                break
+        text = self.tokenizer.decode(outcome.answer_ids, skip_special_tokens=True)
+        yield GenerationResult(text=text, answer_ids=outcome.answer_ids, prompt_tokens=len(ids),
+                               steps=outcome.steps, forward_passes=outcome.forward_passes,
+                               stopped_early=outcome.stopped_early,
+                               seconds=time.perf_counter() - start)
+
+    def generate(self, prompt_or_messages: str | list[dict[str, str]] | list[int],
+                 params: SamplingParams | None = None,
+                 use_chat_template: bool = True) -> GenerationResult:
+        """Runs `stream_generate` to the end and returns its result."""
+        result = None
+        for event in self.stream_generate(prompt_or_messages, params, use_chat_template):
+            result = event
+        assert isinstance(result, GenerationResult)
+        return result

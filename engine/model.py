@@ -1,0 +1,178 @@
+"""The bidirectional diffusion transformer shared by Dream and LLaDA.
+
+Pre-norm blocks: RMSNorm (fp32 normalise, cast, then times the weight), attention with rotate-half
+RoPE and GQA, SwiGLU MLP. Family differences are config fields (q/k/v bias, RoPE precision, tied
+head), never forks. Parameter names follow HF Qwen2/Llama; `engine.weights` maps checkpoints onto
+them.
+
+The forward pass takes explicit per-token positions, a `MaskSpec`, optional past KV to attend to,
+and the attention backend to use; it returns the new tokens' KV (keys after RoPE) and logits only
+for the rows asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import AttentionBackend, MaskSpec, attention_probs
+from engine.attention.masks import select_query_rows
+from engine.config import ModelConfig
+from engine.rope import apply_rope, rope_cos_sin
+
+LayerKV = tuple[torch.Tensor, torch.Tensor]  # (keys after RoPE, values), each [B, Hkv, T, D]
+
+
+@dataclass(frozen=True)
+class AttentionCapture:
+    """Which attention probabilities to record: some layers, some query rows (indices into Tq)."""
+
+    layers: tuple[int, ...]
+    query_rows: torch.Tensor  # [R] long
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor | None  # [B, R, V] for the rows asked for, else None
+    kv: list[LayerKV] | None  # per layer, the new tokens' KV only (not the past)
+    # layer -> fp32 probabilities [B, Hq, R, Tk] over [past | new] keys, for captured layers
+    attention: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, q_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask: MaskSpec, attention: AttentionBackend,
+                past: LayerKV | None, capture_rows: torch.Tensor | None):
+        cfg = self.cfg
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)  # [B, Hq, T, D]
+        k = self.k_proj(x).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        q = apply_rope(q, cos, sin, cfg.rope_in_fp32)
+        k = apply_rope(k, cos, sin, cfg.rope_in_fp32)
+        new_kv = (k, v)
+        if past is not None:
+            k = torch.cat((past[0], k), dim=2)
+            v = torch.cat((past[1], v), dim=2)
+        scale = cfg.head_dim ** -0.5
+        out, _ = attention(q, k, v, mask, scale, return_lse=False)
+        probs = None
+        if capture_rows is not None:
+            # Recomputed explicitly for the few captured rows: backends need not expose probs.
+            row_mask = select_query_rows(mask, capture_rows, t, k.shape[2])
+            probs = attention_probs(q[:, :, capture_rows], k, row_mask, scale)
+        out = out.transpose(1, 2).reshape(b, t, cfg.num_heads * cfg.head_dim)
+        return self.o_proj(out), new_kv, probs
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = SelfAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, h, cos, sin, mask, attention, past, capture_rows):
+        attn_out, kv, probs = self.self_attn(self.input_layernorm(h), cos, sin, mask, attention,
+                                             past, capture_rows)
+        h = h + attn_out
+        h = h + self.mlp(self.post_attention_layernorm(h))
+        return h, kv, probs
+
+
+class DiffusionLM(nn.Module):
+    """Bidirectional transformer LM; see the module docstring."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: MaskSpec,
+        attention: AttentionBackend,
+        past: Sequence[LayerKV] | None = None,
+        logits_rows: torch.Tensor | str | None = None,
+        capture: AttentionCapture | None = None,
+        return_kv: bool = True,
+    ) -> ModelOutput:
+        """One forward pass.
+
+        input_ids, position_ids: [B, T] (positions are explicit; nothing is assumed contiguous).
+        mask: over keys [past | new] ([B, Tq=T, Tk=Tp+T]).
+        past: per layer (k after RoPE, v), [B, Hkv, Tp, D], attended to but not recomputed.
+        logits_rows: [R] or [B, R] row indices into T, "all", or None for no logits.
+        """
+        cfg = self.cfg
+        if past is not None and len(past) != cfg.num_layers:
+            raise ValueError(f"past has {len(past)} layers, the model {cfg.num_layers}")
+        h = self.embed_tokens(input_ids)  # [B, T, hidden]
+        cos, sin = rope_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
+        new_kv: list[LayerKV] = []
+        captured: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            rows = capture.query_rows if capture is not None and i in capture.layers else None
+            h, kv, probs = layer(h, cos, sin, mask, attention, past[i] if past else None, rows)
+            if return_kv:
+                new_kv.append(kv)
+            if probs is not None:
+                captured[i] = probs
+        return ModelOutput(logits=self._logits(h, logits_rows), kv=new_kv if return_kv else None,
+                           attention=captured)
+
+    def _logits(self, h: torch.Tensor, rows: torch.Tensor | str | None) -> torch.Tensor | None:
+        if rows is None:
+            return None
+        if isinstance(rows, str):
+            if rows != "all":
+                raise ValueError(f"logits_rows must be a tensor, 'all' or None, not {rows!r}")
+            picked = h
+        elif rows.dim() == 1:
+            picked = h[:, rows]
+        else:
+            picked = torch.gather(h, 1, rows[..., None].expand(-1, -1, h.shape[-1]))
+        return self.lm_head(self.norm(picked))  # norm is per-row, so norm-after-gather is exact

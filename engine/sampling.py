@@ -1,0 +1,239 @@
+"""Diffusion decoding rules as pure functions of logits, parameters and an explicit generator.
+
+Decoders (`SamplingParams.decoder`):
+- "threshold" (default; Fast-dLLM): commit every masked slot whose confidence p(x0) >= tau, and
+  always at least the single most confident one; the number of steps per block is adaptive.
+- "low_confidence" / "random" (LLaDA): a fixed number of commits per step from a uniform
+  schedule over `steps` per block; ranked by p(x0) or by uniform noise.
+- "maskgit_plus" / "topk_margin" / "entropy" (Dream): k = int(M * (1 - s/t)) commits per step over
+  Dream's linspace(1, eps, steps + 1) schedule, ranked by p(x0), top-1 minus top-2, or negative
+  entropy; sampled instead of ranked when `alg_temp` > 0.
+- "origin" (Dream): each masked slot is committed independently with probability 1 - s/t.
+
+All functions take logits already aligned to the slots they decode: row m of `logits` predicts slot
+m. Which model row that is (Dream predicts slot i from row i - 1) is decided in exactly one place,
+`prediction_rows`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DECODERS = ("threshold", "low_confidence", "random", "origin", "maskgit_plus", "topk_margin",
+            "entropy")
+SCHEDULED = ("low_confidence", "random")
+DREAM_NATIVE = ("origin", "maskgit_plus", "topk_margin", "entropy")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    decoder: str = "threshold"
+    gen_length: int = 128
+    block_length: int = 32
+    # Denoising steps over the whole answer for the scheduled and Dream decoders (split evenly over
+    # blocks); None means one per token. Ignored by "threshold".
+    steps: int | None = None
+    threshold: float = 0.9
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    eps: float = 1e-3  # end of Dream's timestep linspace
+    alg_temp: float | None = None  # Dream: sample positions from softmax(confidence / alg_temp)
+    stop_at_eos: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.decoder not in DECODERS:
+            raise ValueError(f"unknown decoder {self.decoder!r}; choose from {', '.join(DECODERS)}")
+        if self.gen_length <= 0 or self.block_length <= 0:
+            raise ValueError("gen_length and block_length must be positive")
+        if self.gen_length % self.block_length:
+            raise ValueError(f"gen_length ({self.gen_length}) must be a multiple of block_length "
+                             f"({self.block_length})")
+        if self.steps is not None and (self.steps <= 0 or self.steps % self.num_blocks):
+            raise ValueError(f"steps ({self.steps}) must be a positive multiple of the number of "
+                             f"blocks ({self.num_blocks})")
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k <= 0:
+            raise ValueError(f"top_k must be positive, got {self.top_k}")
+        if not 0.0 < self.eps < 1.0:
+            raise ValueError(f"eps must be in (0, 1), got {self.eps}")
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def steps_per_block(self) -> int:
+        return (self.steps or self.gen_length) // self.num_blocks
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: torch.Tensor  # [M] long: proposed token per slot (x0)
+    probs: torch.Tensor  # [M, V] fp32: the distribution x0 was drawn from
+    confidence: torch.Tensor  # [M] fp32: probs[m, tokens[m]]
+
+
+def prediction_rows(slot_positions: torch.Tensor, logits_shifted: bool) -> torch.Tensor:
+    """Model rows whose logits predict the given slots: the slot itself, or the slot before (Dream)."""
+    if not logits_shifted:
+        return slot_positions
+    if (slot_positions < 1).any():
+        raise ValueError("a shifted-logit model cannot predict position 0")
+    return slot_positions - 1
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """Sets logits outside the top-k / nucleus to -inf (which renormalises the softmax)."""
+    out = logits
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(out, top_k, dim=-1).values[..., -1:]
+        out = out.masked_fill(out < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(out, descending=True, dim=-1)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop_sorted = cum - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the first over p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        out = out.masked_fill(drop, float("-inf"))
+    return out
+
+
+def propose(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+            generator: torch.Generator | None) -> Proposal:
+    """Draws x0 for each slot: argmax at temperature 0, else a Gumbel-max sample in float64."""
+    filtered = filter_logits(logits.float(), top_k, top_p)
+    if temperature > 0:
+        scaled = filtered / temperature
+        probs = torch.softmax(scaled, dim=-1)
+        u = torch.rand(scaled.shape, generator=generator, dtype=torch.float64,
+                       device=scaled.device).clamp_min(1e-300)
+        tokens = torch.argmax(scaled.double() - torch.log(-torch.log(u)), dim=-1)
+    else:
+        probs = torch.softmax(filtered, dim=-1)
+        tokens = torch.argmax(filtered, dim=-1)
+    confidence = probs.gather(-1, tokens[:, None])[:, 0]
+    return Proposal(tokens=tokens, probs=probs, confidence=confidence)
+
+
+def confidence_scores(proposal: Proposal, kind: str, generator: torch.Generator | None) -> torch.Tensor:
+    """[M] fp32, higher = commit sooner."""
+    if kind in ("threshold", "low_confidence", "maskgit_plus"):
+        return proposal.confidence
+    if kind == "topk_margin":
+        top2 = torch.topk(proposal.probs, 2, dim=-1).values
+        return top2[:, 0] - top2[:, 1]
+    if kind == "entropy":
+        p = proposal.probs
+        return (p * torch.log(p + 1e-10)).sum(dim=-1)  # negative entropy
+    if kind == "random":
+        return torch.rand(proposal.confidence.shape, generator=generator,
+                          device=proposal.confidence.device)
+    raise ValueError(f"no confidence rule for {kind!r}")
+
+
+def select_above_threshold(confidence: torch.Tensor, threshold: float) -> torch.Tensor:
+    """bool [M]: slots with confidence >= threshold, and always the most confident one."""
+    chosen = confidence >= threshold
+    chosen[torch.argmax(confidence)] = True
+    return chosen
+
+
+def select_top_k(confidence: torch.Tensor, k: int, alg_temp: float | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """bool [M]: the k most confident slots, or k sampled from softmax(confidence / alg_temp)."""
+    chosen = torch.zeros_like(confidence, dtype=torch.bool)
+    k = min(k, confidence.numel())
+    if k <= 0:
+        return chosen
+    if alg_temp:
+        probs = torch.softmax(confidence / alg_temp, dim=-1)
+        idx = torch.multinomial(probs, k, replacement=False, generator=generator)
+    else:
+        idx = torch.topk(confidence, k).indices
+    chosen[idx] = True
+    return chosen
+
+
+def uniform_transfer_schedule(masked: int, steps: int) -> list[int]:
+    """LLaDA's per-step commit counts: masked // steps each, the remainder on the first steps."""
+    base, extra = divmod(masked, steps)
+    return [base + (1 if i < extra else 0) for i in range(steps)]
+
+
+def dream_timesteps(steps: int, eps: float, device: torch.device | None = None) -> torch.Tensor:
+    """[steps + 1] fp32, linspace(1, eps)."""
+    return torch.linspace(1, eps, steps + 1, device=device)
+
+
+def dream_transfer_count(masked: int, t: float, s: float, is_last: bool) -> int:
+    """Dream's k = int(M * (1 - s / t)) (truncated, as its sampler does); all on the last step."""
+    return masked if is_last else int(masked * (1 - s / t))
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Where a step sits in its block, for the schedule-based decoders."""
+
+    step_in_block: int
+    steps_in_block: int
+    masked_at_block_start: int
+
+
+def choose_commits(logits: torch.Tensor, params: SamplingParams, plan: StepPlan,
+                   generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One denoising decision over the M still-masked slots of the active block.
+
+    logits: [M, V], row m predicts masked slot m. Returns (commit bool [M], tokens long [M]); only
+    tokens where commit is True are to be written.
+    """
+    m = logits.shape[0]
+    proposal = propose(logits, params.temperature, params.top_k, params.top_p, generator)
+    decoder = params.decoder
+    is_last = plan.step_in_block >= plan.steps_in_block - 1
+    if decoder == "threshold":
+        chosen = select_above_threshold(proposal.confidence, params.threshold)
+    elif decoder in SCHEDULED:
+        schedule = uniform_transfer_schedule(plan.masked_at_block_start, plan.steps_in_block)
+        k = m if is_last else schedule[plan.step_in_block]
+        chosen = select_top_k(confidence_scores(proposal, decoder, generator), k)
+    else:
+        ts = dream_timesteps(plan.steps_in_block, params.eps)
+        t, s = float(ts[plan.step_in_block]), float(ts[plan.step_in_block + 1])
+        if decoder == "origin":
+            chosen = torch.rand(m, generator=generator, device=logits.device) < (1 - s / t)
+            if is_last:
+                chosen[:] = True
+        else:
+            k = dream_transfer_count(m, t, s, is_last)
+            chosen = select_top_k(confidence_scores(proposal, decoder, generator), k,
+                                  params.alg_temp, generator)
+    return chosen, proposal.tokens
+
+
+def answer_is_settled(answer: torch.Tensor, mask_id: int, stop_ids: tuple[int, ...]) -> bool:
+    """True when a stop token is committed and every slot before it is committed.
+
+    answer: [G] the answer canvas. Decoders never un-commit a slot, so from then on the text before
+    the stop token cannot change and decoding may end early.
+    """
+    is_stop = torch.isin(answer, torch.tensor(stop_ids, device=answer.device))
+    if not is_stop.any():
+        return False
+    first = int(torch.nonzero(is_stop)[0, 0])
+    return not bool((answer[:first] == mask_id).any())
+
+
+def cut_at_stop(answer: list[int], stop_ids: tuple[int, ...]) -> list[int]:
+    """The answer tokens before the first stop token."""
+    for i, tok in enumerate(answer):
+        if tok in stop_ids:
+            return answer[:i]
+    return answer

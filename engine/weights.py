@@ -1,0 +1,197 @@
+"""Loading a local Hugging Face checkpoint folder: config, special tokens and safetensors weights.
+
+Explicit name maps (checkpoint name -> our parameter name) for each family; strict checks: every
+parameter loaded, nothing unexpected, every shape right, or one error that lists all problems.
+The model is built on the meta device and each tensor is read straight to its target device and
+dtype, so the weights are never held twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.config import ModelConfig, model_config_from_hf
+from engine.model import DiffusionLM
+
+logger = logging.getLogger(__name__)
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint folder is missing files or holds tensors that do not fit the config."""
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+
+
+def read_special_tokens(folder: Path) -> dict[str, int]:
+    """Token string -> id for the tokenizer's added/special tokens, from whichever files exist."""
+    tokens: dict[str, int] = {}
+    tok_json = folder / "tokenizer.json"
+    if tok_json.exists():
+        for entry in _read_json(tok_json).get("added_tokens", []):
+            tokens[entry["content"]] = int(entry["id"])
+    added = folder / "added_tokens.json"
+    if added.exists():
+        tokens.update({k: int(v) for k, v in _read_json(added).items()})
+    tok_cfg = folder / "tokenizer_config.json"
+    if tok_cfg.exists():
+        for idx, entry in _read_json(tok_cfg).get("added_tokens_decoder", {}).items():
+            tokens[entry["content"]] = int(idx)
+    return tokens
+
+
+def read_model_config(folder: str | Path) -> ModelConfig:
+    """Builds the ModelConfig of a checkpoint folder (config.json + generation config + tokens)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"model folder {folder} does not exist or is not a folder")
+    config = _read_json(folder / "config.json")
+    gen_path = folder / "generation_config.json"
+    generation = _read_json(gen_path) if gen_path.exists() else {}
+    return model_config_from_hf(config, generation, read_special_tokens(folder))
+
+
+def checkpoint_name_map(cfg: ModelConfig) -> dict[str, str]:
+    """Checkpoint tensor name -> DiffusionLM parameter name, for every tensor the file must hold."""
+    if cfg.family == "dream":  # Qwen2 names, identical to ours after the "model." prefix
+        names = {
+            "model.embed_tokens.weight": "embed_tokens.weight",
+            "model.norm.weight": "norm.weight",
+        }
+        per_layer = {
+            "input_layernorm.weight": "input_layernorm.weight",
+            "self_attn.q_proj.weight": "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight": "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight": "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight": "self_attn.o_proj.weight",
+            "post_attention_layernorm.weight": "post_attention_layernorm.weight",
+            "mlp.gate_proj.weight": "mlp.gate_proj.weight",
+            "mlp.up_proj.weight": "mlp.up_proj.weight",
+            "mlp.down_proj.weight": "mlp.down_proj.weight",
+        }
+        if cfg.qkv_bias:
+            per_layer |= {f"self_attn.{p}_proj.bias": f"self_attn.{p}_proj.bias" for p in "qkv"}
+        layer_prefix, head = "model.layers.{i}.", "lm_head.weight"
+    else:  # LLaDA: OLMo-style names; two different ff_out tensors (block MLP and LM head)
+        names = {
+            "model.transformer.wte.weight": "embed_tokens.weight",
+            "model.transformer.ln_f.weight": "norm.weight",
+        }
+        per_layer = {
+            "attn_norm.weight": "input_layernorm.weight",
+            "q_proj.weight": "self_attn.q_proj.weight",
+            "k_proj.weight": "self_attn.k_proj.weight",
+            "v_proj.weight": "self_attn.v_proj.weight",
+            "attn_out.weight": "self_attn.o_proj.weight",
+            "ff_norm.weight": "post_attention_layernorm.weight",
+            "ff_proj.weight": "mlp.gate_proj.weight",  # the SiLU-gated branch
+            "up_proj.weight": "mlp.up_proj.weight",
+            "ff_out.weight": "mlp.down_proj.weight",
+        }
+        if cfg.qkv_bias:
+            per_layer |= {f"{p}_proj.bias": f"self_attn.{p}_proj.bias" for p in "qkv"}
+        layer_prefix, head = "model.transformer.blocks.{i}.", "model.transformer.ff_out.weight"
+    for i in range(cfg.num_layers):
+        src, dst = layer_prefix.format(i=i), f"layers.{i}."
+        names |= {src + k: dst + v for k, v in per_layer.items()}
+    if not cfg.tie_word_embeddings:
+        names[head] = "lm_head.weight"
+    return names
+
+
+def tied_head_name(cfg: ModelConfig) -> str:
+    return "lm_head.weight" if cfg.family == "dream" else "model.transformer.ff_out.weight"
+
+
+def weight_files(folder: Path) -> dict[str, Path]:
+    """Tensor name -> file, from the shard index or the single safetensors file."""
+    index = folder / INDEX_FILE
+    if index.exists():
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index} has no 'weight_map'")
+        missing = sorted({f for f in weight_map.values() if not (folder / f).exists()})
+        if missing:
+            raise CheckpointError(f"{folder}: shard file(s) listed in {INDEX_FILE} are missing: "
+                                  + ", ".join(missing))
+        return {name: folder / f for name, f in weight_map.items()}
+    single = folder / SINGLE_FILE
+    if single.exists():
+        with safe_open(str(single), framework="pt") as f:
+            return {name: single for name in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+    raise CheckpointError(f"{folder} holds neither {SINGLE_FILE} nor {INDEX_FILE}")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on GPU, fp32 on CPU."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_model(folder: str | Path, cfg: ModelConfig | None = None,
+               device: torch.device | str | None = None,
+               dtype: torch.dtype | None = None) -> DiffusionLM:
+    """Builds the model on meta, then loads every tensor strictly onto `device` in `dtype`."""
+    folder = Path(folder)
+    cfg = cfg or read_model_config(folder)
+    device = torch.device(device or "cpu")
+    dtype = dtype or default_dtype(device)
+    with torch.device("meta"):
+        model = DiffusionLM(cfg)
+    expected = {name: p.shape for name, p in model.named_parameters()}
+    name_map = checkpoint_name_map(cfg)
+    files = weight_files(folder)
+    ignorable = {tied_head_name(cfg)} if cfg.tie_word_embeddings else set()
+
+    missing = sorted(set(name_map) - set(files))
+    unexpected = sorted(set(files) - set(name_map) - ignorable)
+    problems = []
+    if missing:
+        problems.append(f"missing tensors ({len(missing)}): " + ", ".join(missing[:20]))
+    if unexpected:
+        problems.append(f"unexpected tensors ({len(unexpected)}): " + ", ".join(unexpected[:20]))
+    if problems:
+        raise CheckpointError(f"{folder}: checkpoint does not match the {cfg.family} config: "
+                              + "; ".join(problems))
+
+    state: dict[str, torch.Tensor] = {}
+    wrong_shape = []
+    by_file: dict[Path, list[str]] = {}
+    for src in name_map:
+        by_file.setdefault(files[src], []).append(src)
+    for path, names in by_file.items():
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for src in names:
+                dst = name_map[src]
+                shape = tuple(f.get_slice(src).get_shape())
+                if shape != tuple(expected[dst]):
+                    wrong_shape.append(f"{src}: file {shape}, expected {tuple(expected[dst])}")
+                    continue
+                state[dst] = f.get_tensor(src).to(device=device, dtype=dtype)
+    if wrong_shape:
+        raise CheckpointError(f"{folder}: tensors with the wrong shape: " + "; ".join(wrong_shape))
+    if cfg.tie_word_embeddings:
+        state["lm_head.weight"] = state["embed_tokens.weight"]
+    model.load_state_dict(state, strict=True, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    leftover = [n for n, p in model.named_parameters() if p.is_meta]
+    if leftover:
+        raise CheckpointError(f"{folder}: parameters left unloaded: {', '.join(leftover)}")
+    model.eval()
+    logger.info("loaded %s (%s, %d layers) on %s as %s", folder, cfg.family, cfg.num_layers,
+                device, dtype)
+    return model

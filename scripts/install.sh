@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs dllm-docqa into a virtual environment (default ./.venv).
+#   bash scripts/install.sh          # the app
+#   bash scripts/install.sh --dev    # the app and the test tools
+#
+# torch is installed first, on its own, so that pip never pulls an unexpected build:
+#   - DOCQA_TORCH="<pip requirement>" wins if set (e.g. "torch==2.13.0" or a local wheel path);
+#   - a torch >= 2.5 already importable in the environment is kept (e.g. a CUDA build);
+#   - otherwise torch==2.13.0: a CUDA build from PyPI on a GPU machine; on our CPU machines
+#     pip finds the CPU wheel of that exact version on the local disk (pip's find-links).
+#     CPU-only machines elsewhere can add DOCQA_TORCH_INDEX=https://download.pytorch.org/whl/cpu.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+EXTRAS=""
+[[ "${1:-}" == "--dev" ]] && EXTRAS="[dev]"
+VENV="${DOCQA_VENV:-.venv}"
+PYTHON="${PYTHON:-python3}"
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip install --disable-pip-version-check -q)
+
+have_torch() {
+  "$PY" - <<'PYCODE' 2>/dev/null
+import sys
+import torch
+major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+sys.exit(0 if (major, minor) >= (2, 5) else 1)
+PYCODE
+}
+
+if [[ -n "${DOCQA_TORCH:-}" ]]; then
+  "${PIP[@]}" "$DOCQA_TORCH"
+elif ! have_torch; then
+  if [[ -n "${DOCQA_TORCH_INDEX:-}" ]]; then
+    "${PIP[@]}" --index-url "$DOCQA_TORCH_INDEX" "torch==2.13.0"
+  else
+    "${PIP[@]}" "torch==2.13.0"
+  fi
+fi
+
+"${PIP[@]}" -e ".${EXTRAS}"
+"$PY" -c "import torch; print(f'dllm-docqa installed in $VENV (torch {torch.__version__}, cuda={torch.cuda.is_available()})')"

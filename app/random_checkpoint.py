@@ -50,13 +50,14 @@ LLADA_CHAT_TEMPLATE = (
     "{%- endif %}"
 )
 
-_CORPUS_WORDS = (
+_CORPUS_WORDS = tuple((
     "the a an of to in and or is was are were be been it this that with for on at by from as "
     "document page chunk question answer model token diffusion mask cache key value number city "
     "river mountain report table figure section chapter summary result method data year month "
     "day time people work first second third new old large small long short high low good bad "
-    "what which who where when why how many much one two three four five six seven eight nine ten"
-).split()
+    "what which who where when why how many much one two three four five six seven eight nine "
+    "ten "
+).split())
 
 
 def _training_text(seed: int) -> list[str]:
@@ -244,6 +245,6 @@ def _write_llada_files(folder: Path, cfg: ModelConfig, tok: Tokenizer, ids: dict
     _dump(folder / "tokenizer_config.json", {
         "tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False,
         "add_eos_token": False, "bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>",
-        "pad_token": "<|endoftext|>", "model_max_length": 1000000000000000019884624838656,
+        "pad_token": "<|endoftext|>", "model_max_length": 10**30,
         "clean_up_tokenization_spaces": False, "chat_template": LLADA_CHAT_TEMPLATE,
     })

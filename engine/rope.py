@@ -49,10 +49,16 @@ def rerotate(keys: torch.Tensor, delta: torch.Tensor | int, theta: float,
     """Moves post-RoPE keys by `delta` positions: keys at p become keys at p + delta.
 
     keys: [..., T, D]; delta: an int or a tensor broadcastable to keys.shape[:-1] (per token or per
-    chunk). Computed in fp32, returned in keys' dtype.
+    chunk). The angles are computed in float64: an fp32 angle at a shift of 1e5 positions is off
+    by up to 4e-3 rad (half an ulp of 1e5), which would show in the moved keys. The rotation
+    itself runs in fp32 and the result is returned in keys' dtype.
     """
     if not torch.is_tensor(delta):
-        delta = torch.tensor(delta, device=keys.device)
-    cos, sin = rope_cos_sin(delta.to(keys.device), keys.shape[-1], theta, scaling_factor)
+        delta = torch.tensor(delta)
+    d = keys.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=keys.device) / d))
+    freqs = (delta.to(keys.device, torch.float64) / scaling_factor)[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().float(), emb.sin().float()
     k32 = keys.float()
     return (k32 * cos + rotate_half(k32) * sin).to(keys.dtype)

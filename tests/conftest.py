@@ -1,0 +1,36 @@
+"""Shared fixtures: tiny random checkpoints in the real Dream and LLaDA on-disk formats."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.random_checkpoint import write_random_checkpoint
+
+
+@pytest.fixture(scope="session")
+def dream_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("dream-tiny")
+    write_random_checkpoint(folder, "dream", seed=1)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def llada_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llada-tiny")
+    write_random_checkpoint(folder, "llada", seed=2)
+    return folder
+
+
+@pytest.fixture(params=["dream", "llada"])
+def family_dir(request, dream_dir, llada_dir):
+    return request.param, (dream_dir if request.param == "dream" else llada_dir)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)

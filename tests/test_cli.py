@@ -1,0 +1,37 @@
+"""The `docqa` command line, run as a user would (a real subprocess)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_generate_on_a_tiny_checkpoint(llada_dir):
+    res = run_cli("generate", "--model", str(llada_dir), "--gen-length", "16", "--block-length",
+                  "8", "--show-steps", "What is in the file?")
+    assert res.returncode == 0, res.stderr
+    assert "step    0 block 0" in res.stderr and "forward passes" in res.stderr
+
+
+def test_make_random_model_then_generate(tmp_path):
+    res = run_cli("make-random-model", str(tmp_path / "m"), "--family", "dream")
+    assert res.returncode == 0 and "random" in res.stdout
+    res = run_cli("generate", "--model", str(tmp_path / "m"), "--decoder", "maskgit_plus",
+                  "--gen-length", "8", "--block-length", "8", "--steps", "4", "Hi")
+    assert res.returncode == 0, res.stderr
+    assert "4 steps" in res.stderr
+
+
+def test_errors_are_one_clear_line(tmp_path, llada_dir):
+    res = run_cli("generate", "--model", str(tmp_path / "missing"), "hi")
+    assert res.returncode == 1
+    assert res.stderr.strip() == (f"docqa: cannot load the model: model folder {tmp_path / 'missing'}"
+                                  " does not exist or is not a folder")
+    res = run_cli("generate", "--model", str(llada_dir), "--gen-length", "30", "hi")
+    assert res.returncode == 2 and "multiple of block_length" in res.stderr
+    assert "Traceback" not in res.stderr

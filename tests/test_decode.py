@@ -1,0 +1,121 @@
+"""The dense diffusion loop against a plain, independent reference loop over transformers models."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine import Engine, SamplingParams
+from engine.decode import DecodeStep, dense_decode
+from engine.engine import GenerationResult
+from tests.test_parity_hf import hf_logits, hf_reference
+
+
+@pytest.fixture(scope="module")
+def pair(request, dream_dir, llada_dir):
+    folder = dream_dir if request.param == "dream" else llada_dir
+    return Engine.from_pretrained(folder, device="cpu"), hf_reference(request.param, folder)
+
+
+def reference_greedy(hf_model, cfg, prompt, gen_length, block_length, rule, threshold=0.9):
+    """Straightforward greedy loop: full forward, shift for Dream, commit per block.
+
+    rule "one": the single most confident masked slot per step; "threshold": every slot with
+    p >= threshold plus the most confident.
+    """
+    x = list(prompt) + [cfg.mask_token_id] * gen_length
+    pos = torch.arange(len(x))
+    for b in range(gen_length // block_length):
+        lo = len(prompt) + b * block_length
+        block = range(lo, lo + block_length)
+        while any(x[i] == cfg.mask_token_id for i in block):
+            logits = hf_logits(hf_model, torch.tensor(x), pos)
+            if cfg.logits_shifted:  # slot i is predicted by row i - 1
+                logits = torch.cat((logits[:1], logits[:-1]))
+            masked = [i for i in block if x[i] == cfg.mask_token_id]
+            probs = torch.softmax(logits[masked], dim=-1)
+            conf, tok = probs.max(dim=-1)
+            best = int(conf.argmax())
+            for j, i in enumerate(masked):
+                if j == best or (rule == "threshold" and conf[j] >= threshold):
+                    x[i] = int(tok[j])
+    return x[len(prompt):]
+
+
+@pytest.mark.parametrize("pair", ["dream", "llada"], indirect=True)
+@pytest.mark.parametrize("rule,threshold", [("one", None), ("threshold", 0.9),
+                                            ("threshold", 0.004)])
+def test_greedy_equals_reference_loop(pair, rule, threshold):
+    engine, ref = pair
+    prompt = engine.encode("Where is the report filed?", use_chat_template=True)
+    gen, block = 24, 8
+    if rule == "one":
+        params = SamplingParams(decoder="low_confidence", gen_length=gen, block_length=block,
+                                stop_at_eos=False)
+    else:
+        params = SamplingParams(decoder="threshold", threshold=threshold, gen_length=gen,
+                                block_length=block, stop_at_eos=False)
+    loop = dense_decode(engine.model, engine.attention, torch.tensor(prompt), params, None)
+    steps = []
+    while True:
+        try:
+            steps.append(next(loop))
+        except StopIteration as done:
+            outcome = done.value
+            break
+    expected = reference_greedy(ref, engine.config, prompt, gen, block, rule, threshold or 0.9)
+    assert outcome.canvas == expected
+    # Blocks are decoded in order, each finished before the next starts.
+    blocks = [s.block for s in steps]
+    assert blocks == sorted(blocks)
+    for s in steps:
+        assert all(s.block * block <= p < (s.block + 1) * block for p in s.positions)
+    assert outcome.forward_passes == len(steps)
+    if rule == "one":
+        assert all(len(s.tokens) == 1 for s in steps) and len(steps) == gen
+    if threshold == 0.004:
+        assert any(len(s.tokens) > 1 for s in steps), "pick a threshold that commits in parallel"
+
+
+def test_stops_at_eos(llada_dir):
+    """Declaring a token the model writes early to be EOS ends decoding once it is settled."""
+    engine = Engine.from_pretrained(llada_dir, device="cpu")  # its own copy: the config changes
+    params = SamplingParams(decoder="low_confidence", gen_length=32, block_length=8,
+                            stop_at_eos=False)
+    prompt = engine.encode("Hello there")
+    full = engine.generate(prompt, params)
+    stop_token = full.answer_ids[3]
+    first = full.answer_ids.index(stop_token)
+    engine.model.cfg = dataclasses.replace(engine.config, eos_token_id=stop_token,
+                                           eot_token_id=None)
+    stopped = engine.generate(prompt, dataclasses.replace(params, stop_at_eos=True))
+    assert stopped.answer_ids == full.answer_ids[:first]
+    assert stopped.stopped_early and stopped.steps < full.steps
+
+
+@pytest.mark.parametrize("pair", ["dream"], indirect=True)
+def test_sampled_generation_is_seeded(pair):
+    engine, _ = pair
+    base = SamplingParams(decoder="entropy", gen_length=16, block_length=16, steps=8,
+                          temperature=1.0, stop_at_eos=False, seed=11)
+    a = engine.generate("Tell me", base)
+    b = engine.generate("Tell me", base)
+    c = engine.generate("Tell me", dataclasses.replace(base, seed=12))
+    assert a.answer_ids == b.answer_ids and a.answer_ids != c.answer_ids
+    assert a.steps == 8
+
+
+@pytest.mark.parametrize("pair", ["dream"], indirect=True)
+def test_stream_yields_steps_then_result(pair):
+    engine, _ = pair
+    events = list(engine.stream_generate(
+        [{"role": "user", "content": "Hi"}],
+        SamplingParams(gen_length=16, block_length=8, stop_at_eos=False)))
+    assert all(isinstance(e, DecodeStep) for e in events[:-1])
+    result = events[-1]
+    assert isinstance(result, GenerationResult)
+    committed = sorted(p for e in events[:-1] for p in e.positions)
+    assert committed == list(range(16))
+    assert result.text == engine.tokenizer.decode(result.answer_ids, skip_special_tokens=True)

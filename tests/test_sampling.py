@@ -1,0 +1,145 @@
+"""Decoding rules on hand-made logits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.sampling import (
+    SamplingParams,
+    StepPlan,
+    answer_is_settled,
+    choose_commits,
+    confidence_scores,
+    cut_at_stop,
+    dream_timesteps,
+    dream_transfer_count,
+    filter_logits,
+    prediction_rows,
+    propose,
+    select_above_threshold,
+    uniform_transfer_schedule,
+)
+
+
+def logits_with_probs(rows: list[list[float]]) -> torch.Tensor:
+    """Logits whose softmax is exactly the given probability rows."""
+    return torch.log(torch.tensor(rows))
+
+
+def test_threshold_commits_all_confident_and_at_least_one():
+    conf = torch.tensor([0.95, 0.5, 0.91, 0.2])
+    assert select_above_threshold(conf, 0.9).tolist() == [True, False, True, False]
+    low = torch.tensor([0.3, 0.6, 0.1])
+    assert select_above_threshold(low, 0.9).tolist() == [False, True, False]
+
+
+def test_threshold_decoder_on_known_probabilities():
+    logits = logits_with_probs([[0.92, 0.04, 0.04], [0.5, 0.3, 0.2], [0.05, 0.05, 0.9]])
+    params = SamplingParams(decoder="threshold", threshold=0.9, gen_length=3, block_length=3)
+    chosen, tokens = choose_commits(logits, params, StepPlan(0, 3, 3), None)
+    assert chosen.tolist() == [True, False, True]
+    assert tokens.tolist() == [0, 0, 2]
+
+
+def test_uniform_schedule_counts():
+    assert uniform_transfer_schedule(10, 4) == [3, 3, 2, 2]
+    assert uniform_transfer_schedule(32, 32) == [1] * 32
+    assert sum(uniform_transfer_schedule(7, 3)) == 7
+
+
+def test_low_confidence_follows_schedule_and_ranks_by_probability():
+    probs = [[0.1, 0.9], [0.6, 0.4], [0.2, 0.8], [0.55, 0.45], [0.99, 0.01]]
+    params = SamplingParams(decoder="low_confidence", gen_length=5, block_length=5, steps=2)
+    chosen, tokens = choose_commits(logits_with_probs(probs), params, StepPlan(0, 2, 5), None)
+    assert chosen.tolist() == [True, False, True, False, True]  # 3 of 5 on the first step
+    assert tokens[chosen].tolist() == [1, 1, 0]
+
+
+def test_dream_schedule_reproduces_truncation_quirk():
+    ts = dream_timesteps(512, 1e-3)
+    # With steps = 512 tokens the first step commits int(512 * (1 - s/t)) = 0 tokens.
+    assert dream_transfer_count(512, float(ts[0]), float(ts[1]), False) == 0
+    assert dream_transfer_count(5, float(ts[510]), float(ts[511]), True) == 5
+    assert torch.isclose(ts[-1], torch.tensor(1e-3))
+
+
+@pytest.mark.parametrize("kind", ["maskgit_plus", "topk_margin", "entropy"])
+def test_dream_confidences(kind):
+    logits = logits_with_probs([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25], [0.98, 0.01, 0.01]])
+    prop = propose(logits, 0.0, None, None, None)
+    conf = confidence_scores(prop, kind, None)
+    p = prop.probs
+    if kind == "maskgit_plus":
+        expected = torch.tensor([0.7, 0.4, 0.98])
+    elif kind == "topk_margin":
+        expected = torch.tensor([0.5, 0.05, 0.97])
+    else:
+        expected = (p * torch.log(p + 1e-10)).sum(-1)
+    torch.testing.assert_close(conf, expected, atol=1e-6, rtol=1e-6)
+    assert int(torch.argmax(conf)) == 2 and int(torch.argmin(conf)) == 1
+
+
+def test_shift_is_one_place():
+    slots = torch.tensor([5, 6, 9])
+    assert prediction_rows(slots, logits_shifted=True).tolist() == [4, 5, 8]
+    assert prediction_rows(slots, logits_shifted=False).tolist() == [5, 6, 9]
+    with pytest.raises(ValueError):
+        prediction_rows(torch.tensor([0]), logits_shifted=True)
+
+
+def test_top_k_and_top_p_filters():
+    logits = logits_with_probs([[0.5, 0.3, 0.15, 0.05]])
+    assert torch.isinf(filter_logits(logits, 2, None)[0, 2:]).all()
+    kept = ~torch.isinf(filter_logits(logits, None, 0.75))
+    assert kept[0].tolist() == [True, True, False, False]  # 0.5 + 0.3 >= 0.75
+    assert (~torch.isinf(filter_logits(logits, None, 0.5)))[0].tolist() == [True, False, False,
+                                                                           False]
+
+
+def test_sampling_is_reproducible_with_a_seed():
+    logits = torch.randn(16, 50, generator=torch.Generator().manual_seed(0))
+    a = propose(logits, 1.0, None, None, torch.Generator().manual_seed(3)).tokens
+    b = propose(logits, 1.0, None, None, torch.Generator().manual_seed(3)).tokens
+    c = propose(logits, 1.0, None, None, torch.Generator().manual_seed(4)).tokens
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    greedy = propose(logits, 0.0, None, None, None).tokens
+    assert torch.equal(greedy, logits.argmax(-1))
+
+
+def test_gumbel_sampling_follows_the_distribution():
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    logits = torch.log(probs).expand(20000, 3)
+    tokens = propose(logits, 1.0, None, None, torch.Generator().manual_seed(0)).tokens
+    freq = torch.bincount(tokens, minlength=3).float() / tokens.numel()
+    assert torch.allclose(freq, probs, atol=0.02)
+
+
+def test_origin_commits_with_probability_one_minus_s_over_t():
+    params = SamplingParams(decoder="origin", gen_length=4000, block_length=4000, steps=10)
+    logits = torch.zeros(4000, 5)
+    chosen, _ = choose_commits(logits, params, StepPlan(0, 10, 4000),
+                               torch.Generator().manual_seed(0))
+    ts = dream_timesteps(10, params.eps)
+    expected = 1 - float(ts[1]) / float(ts[0])
+    assert math.isclose(chosen.float().mean().item(), expected, abs_tol=0.03)
+    last, _ = choose_commits(logits, params, StepPlan(9, 10, 4000), None)
+    assert last.all()
+
+
+def test_eos_settles_answer():
+    mask, eos = 99, 7
+    assert not answer_is_settled(torch.tensor([1, mask, eos, mask]), mask, (eos,))
+    assert answer_is_settled(torch.tensor([1, 2, eos, mask]), mask, (eos,))
+    assert not answer_is_settled(torch.tensor([1, 2, 3, mask]), mask, (eos,))
+    assert cut_at_stop([4, 5, 8, 7, 1], (7, 8)) == [4, 5]
+
+
+@pytest.mark.parametrize("bad", [dict(decoder="beam"), dict(gen_length=30, block_length=32),
+                                 dict(gen_length=64, block_length=32, steps=3),
+                                 dict(threshold=0.0), dict(top_p=1.5), dict(temperature=-1)])
+def test_params_are_validated(bad):
+    with pytest.raises(ValueError):
+        SamplingParams(**bad)

@@ -1,0 +1,110 @@
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from app.random_checkpoint import TinyShape, write_random_checkpoint
+from engine.config import ConfigError
+from engine.weights import INDEX_FILE, CheckpointError, load_model, read_model_config
+
+
+@pytest.fixture
+def dream_copy(dream_dir, tmp_path):
+    dst = tmp_path / "ckpt"
+    shutil.copytree(dream_dir, dst)
+    return dst
+
+
+def _shards(folder):
+    return sorted(folder.glob("model-*.safetensors"))
+
+
+def test_sharded_checkpoint_loads_every_tensor(family_dir):
+    _, folder = family_dir
+    assert len(_shards(folder)) >= 2, "fixture should exercise the shard index"
+    model = load_model(folder)
+    assert not any(p.is_meta for p in model.parameters())
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_bf16_on_request(dream_dir):
+    model = load_model(dream_dir, dtype=torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+def test_missing_shard_is_named(dream_copy):
+    victim = _shards(dream_copy)[-1]
+    victim.unlink()
+    with pytest.raises(CheckpointError, match=victim.name):
+        load_model(dream_copy)
+
+
+def test_wrong_shape_is_listed(dream_copy):
+    shard = _shards(dream_copy)[0]
+    tensors = load_file(str(shard))
+    name = next(n for n in tensors if n.endswith("k_proj.weight"))
+    tensors[name] = torch.zeros(3, 5, dtype=torch.bfloat16)
+    save_file(tensors, str(shard))
+    with pytest.raises(CheckpointError, match=rf"{name}: file \(3, 5\)"):
+        load_model(dream_copy)
+
+
+def test_missing_and_unexpected_tensors_are_listed(dream_copy):
+    index = json.loads((dream_copy / INDEX_FILE).read_text())
+    shard = _shards(dream_copy)[0]
+    tensors = load_file(str(shard))
+    gone = next(iter(tensors))
+    del tensors[gone]
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.zeros(8)
+    save_file(tensors, str(shard))
+    del index["weight_map"][gone]
+    index["weight_map"]["model.layers.0.self_attn.rotary_emb.inv_freq"] = shard.name
+    (dream_copy / INDEX_FILE).write_text(json.dumps(index))
+    with pytest.raises(CheckpointError) as err:
+        load_model(dream_copy)
+    assert f"missing tensors (1): {gone}" in str(err.value)
+    assert "unexpected tensors (1): model.layers.0.self_attn.rotary_emb.inv_freq" in str(err.value)
+
+
+def test_unknown_model_type(dream_copy):
+    cfg = json.loads((dream_copy / "config.json").read_text())
+    cfg["model_type"] = "mamba"
+    (dream_copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="unknown model_type 'mamba'"):
+        read_model_config(dream_copy)
+
+
+def test_missing_folder_and_missing_weights(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        read_model_config(tmp_path / "nope")
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        read_model_config(tmp_path)
+
+
+def test_no_weight_files(dream_copy):
+    for f in _shards(dream_copy):
+        f.unlink()
+    (dream_copy / INDEX_FILE).unlink()
+    with pytest.raises(CheckpointError, match="neither model.safetensors nor"):
+        load_model(dream_copy)
+
+
+def test_single_file_llada_with_tied_head(tmp_path):
+    folder = tmp_path / "tied"
+    cfg = write_random_checkpoint(folder, "llada", TinyShape(num_layers=1), max_shard_bytes=10**9)
+    assert len(_shards(folder)) == 1
+    shard = _shards(folder)[0]
+    tensors = load_file(str(shard))
+    del tensors["model.transformer.ff_out.weight"]
+    shard.unlink()
+    (folder / INDEX_FILE).unlink()
+    save_file(tensors, str(folder / "model.safetensors"))
+    conf = json.loads((folder / "config.json").read_text())
+    conf["weight_tying"] = True
+    (folder / "config.json").write_text(json.dumps(conf))
+    model = load_model(folder)
+    assert model.lm_head.weight is model.embed_tokens.weight
+    assert model.cfg.tie_word_embeddings and model.cfg.num_layers == cfg.num_layers

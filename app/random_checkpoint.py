@@ -22,8 +22,7 @@ from safetensors.torch import save_file
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from engine.config import ModelConfig
-from engine.model import DiffusionLM
-from engine.weights import INDEX_FILE, checkpoint_name_map
+from engine.weights import INDEX_FILE, checkpoint_name_map, random_state_dict
 
 # Qwen2's pre-tokenizer split pattern (contractions, letters, single digits, punctuation, spaces).
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
@@ -138,20 +137,6 @@ def write_random_checkpoint(folder: str | Path, family: str, shape: TinyShape = 
         raise ValueError(f"unknown family {family!r}; expected 'dream' or 'llada'")
     write_random_weights(folder, cfg, seed=seed, max_shard_bytes=max_shard_bytes, std=std)
     return cfg
-
-
-def random_state_dict(cfg: ModelConfig, seed: int = 0, std: float = 0.05) -> dict[str, torch.Tensor]:
-    """Random parameters for DiffusionLM(cfg), keyed by our parameter names (fp32, CPU)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.device("meta"):
-        shapes = {n: p.shape for n, p in DiffusionLM(cfg).named_parameters()}
-    state = {}
-    for name, shp in shapes.items():
-        if name.endswith("layernorm.weight") or name == "norm.weight":
-            state[name] = 1.0 + 0.1 * torch.randn(shp, generator=gen)
-        else:
-            state[name] = std * torch.randn(shp, generator=gen)
-    return state
 
 
 def write_random_weights(folder: Path, cfg: ModelConfig, seed: int = 0,

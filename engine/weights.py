@@ -141,6 +141,16 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+def _assign_state(model: DiffusionLM, state: dict[str, torch.Tensor]) -> None:
+    """Moves `state`'s tensors into a meta-built model (no copy), keeping a tied head tied."""
+    tied = model.cfg.tie_word_embeddings
+    if tied:
+        state["lm_head.weight"] = state["embed_tokens.weight"]
+    model.load_state_dict(state, strict=True, assign=True)
+    if tied:
+        model.lm_head.weight = model.embed_tokens.weight
+
+
 def load_model(folder: str | Path, cfg: ModelConfig | None = None,
                device: torch.device | str | None = None,
                dtype: torch.dtype | None = None) -> DiffusionLM:
@@ -183,11 +193,7 @@ def load_model(folder: str | Path, cfg: ModelConfig | None = None,
                 state[dst] = f.get_tensor(src).to(device=device, dtype=dtype)
     if wrong_shape:
         raise CheckpointError(f"{folder}: tensors with the wrong shape: " + "; ".join(wrong_shape))
-    if cfg.tie_word_embeddings:
-        state["lm_head.weight"] = state["embed_tokens.weight"]
-    model.load_state_dict(state, strict=True, assign=True)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
+    _assign_state(model, state)
     leftover = [n for n, p in model.named_parameters() if p.is_meta]
     if leftover:
         raise CheckpointError(f"{folder}: parameters left unloaded: {', '.join(leftover)}")
@@ -195,3 +201,32 @@ def load_model(folder: str | Path, cfg: ModelConfig | None = None,
     logger.info("loaded %s (%s, %d layers) on %s as %s", folder, cfg.family, cfg.num_layers,
                 device, dtype)
     return model
+
+
+def random_state_dict(cfg: ModelConfig, seed: int = 0, std: float = 0.05,
+                      device: torch.device | str = "cpu",
+                      dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Random parameters for DiffusionLM(cfg) by our parameter names, drawn on `device` in `dtype`.
+
+    Norm weights are near 1, everything else N(0, std). For tests and for benchmarks at real shapes
+    (speed does not depend on the weight values).
+    """
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.device("meta"):
+        shapes = {n: p.shape for n, p in DiffusionLM(cfg).named_parameters()}
+    state = {}
+    for name, shape in shapes.items():
+        t = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+        is_norm = name.endswith("layernorm.weight") or name == "norm.weight"
+        state[name] = t.mul_(0.1).add_(1.0) if is_norm else t.mul_(std)
+    return state
+
+
+def random_model(cfg: ModelConfig, device: torch.device | str, dtype: torch.dtype, seed: int = 0,
+                 std: float = 0.02) -> DiffusionLM:
+    """A DiffusionLM with random weights built directly on `device` in `dtype` (no fp32 copy)."""
+    with torch.device("meta"):
+        model = DiffusionLM(cfg)
+    _assign_state(model, random_state_dict(cfg, seed, std, device, dtype))
+    return model.eval()

@@ -1,0 +1,66 @@
+"""GPU checks (skipped without CUDA): bf16 against fp32, backends on the device, at odd sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import Engine
+from engine.attention import BACKENDS, causal_mask, full_mask, reference_attention
+from engine.config import KNOWN_CONFIGS
+from engine.model import Block
+from engine.rope import rope_cos_sin
+from engine.weights import random_state_dict
+
+pytestmark = pytest.mark.gpu
+BF16 = dict(atol=1.5e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
+def test_tiny_checkpoint_bf16_matches_fp32(family, dream_dir, llada_dir):
+    folder = dream_dir if family == "dream" else llada_dir
+    fp32 = Engine.from_pretrained(folder, device="cuda", dtype=torch.float32)
+    bf16 = Engine.from_pretrained(folder, device="cuda")
+    assert bf16.dtype == torch.bfloat16
+    ids = torch.randint(0, fp32.config.vocab_size, (129,), generator=torch.Generator().manual_seed(0))
+    a, b = fp32.logits(ids), bf16.logits(ids).float()
+    torch.testing.assert_close(b, a, **BF16)
+    cpu = Engine.from_pretrained(folder, device="cpu").logits(ids)
+    torch.testing.assert_close(a.cpu(), cpu, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 28, 4, 37, 577, 128), (2, 8, 8, 129, 129, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_on_gpu_matches_reference(dtype, shape, causal):
+    b, hq, hkv, tq, tk, d = shape
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(b, hq, tq, d, device="cuda", generator=g).to(dtype)
+    k = torch.randn(b, hkv, tk, d, device="cuda", generator=g).to(dtype)
+    v = torch.randn(b, hkv, tk, d, device="cuda", generator=g).to(dtype)
+    mask = causal_mask() if causal else full_mask()
+    ref, _ = reference_attention(q.float(), k.float(), v.float(), mask, d ** -0.5)
+    out, _ = BACKENDS["sdpa"](q, k, v, mask, d ** -0.5)
+    tol = BF16 if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out.float(), ref, **tol)
+
+
+def test_full_size_dream_layer_bf16_matches_fp32():
+    """One Dream-7B layer (random weights, real shapes) in bf16 against the same layer in fp32."""
+    cfg = KNOWN_CONFIGS["dream-7b"]
+    state = random_state_dict(cfg, seed=0, std=0.02, device="cuda")
+    prefix = "layers.0."
+    layer = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    del state
+    block32 = Block(cfg).to("cuda")
+    block32.load_state_dict(layer)
+    block16 = Block(cfg).to("cuda", torch.bfloat16)
+    block16.load_state_dict(layer)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    h = torch.randn(1, 1023, cfg.hidden_size, device="cuda", generator=g).to(torch.bfloat16)
+    cos, sin = rope_cos_sin(torch.arange(1023, device="cuda")[None], cfg.head_dim, cfg.rope_theta)
+    attn = BACKENDS["sdpa"]
+    with torch.no_grad():
+        out32, _, _ = block32(h.float(), cos, sin, full_mask(), attn, None, None)
+        out16, _, _ = block16(h, cos, sin, full_mask(), attn, None, None)
+    torch.testing.assert_close(out16.float(), out32, **BF16)

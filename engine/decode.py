@@ -1,13 +1,21 @@
-"""The vanilla dense diffusion loop: the whole sequence recomputed at every step.
+"""The block-wise diffusion loop, and the two baseline ways of computing its logits.
 
-This is how the official Dream / LLaDA samplers run and the `dense` baseline of the benchmarks.
-It is a generator: it yields a `DecodeStep` per denoising step and returns the `DecodeOutcome`.
+`run_blocks` owns the decoding rule: blocks in order, inside a block the sampler commits masked
+slots until none is left, stop once an end token is settled. Where the logits come from is a
+`StepRunner`'s business:
+- `DenseRunner`: the vanilla loop, the whole sequence recomputed at every step (how the official
+  Dream / LLaDA samplers run; the `dense` baseline);
+- `FastDLLMRunner`: Fast-dLLM's dual cache, one full forward at each block start, then only the
+  block's tokens against the cached prompt and suffix KV (the `fastdllm` baseline);
+- `engine.static_decode.StaticRunner`: the method, decoding over static cached chunk KV.
+All share the same rule, so their step counts are comparable.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -44,43 +52,128 @@ class DecodeOutcome:
     stopped_early: bool
 
 
-def dense_decode(model: DiffusionLM, attention: AttentionBackend, prompt_ids: torch.Tensor,
-                 params: SamplingParams, generator: torch.Generator | None
-                 ) -> Generator[DecodeStep, None, DecodeOutcome]:
-    """Decodes `params.gen_length` tokens after `prompt_ids` ([P] long), recomputing everything."""
-    cfg: ModelConfig = model.cfg
-    device = model.embed_tokens.weight.device
-    p, g = prompt_ids.numel(), params.gen_length
-    canvas = torch.full((1, p + g), cfg.mask_token_id, dtype=torch.long, device=device)
-    canvas[0, :p] = prompt_ids.to(device)
-    positions = torch.arange(p + g, device=device)[None]
-    mask = full_mask()
-    step = forwards = 0
-    stopped_early = False
+class StepRunner(Protocol):
+    forward_passes: int
+
+    def block_start(self, block: int, answer: torch.Tensor) -> None: ...
+
+    def slot_logits(self, block: int, answer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Logits [M, V] predicting the masked answer slots `slots` ([M], 0-based in the answer)."""
+
+    def block_done(self, block: int, answer: torch.Tensor) -> None: ...
+
+
+def run_blocks(runner: StepRunner, cfg: ModelConfig, params: SamplingParams,
+               generator: torch.Generator | None, device: torch.device
+               ) -> Generator[DecodeStep, None, DecodeOutcome]:
+    """Decodes `params.gen_length` answer slots block by block with `params.decoder`."""
+    mask_id = cfg.mask_token_id
+    answer = torch.full((params.gen_length,), mask_id, dtype=torch.long, device=device)
+    step, stopped_early = 0, False
     for block in range(params.num_blocks):
-        lo, hi = p + block * params.block_length, p + (block + 1) * params.block_length
-        masked_at_start = int((canvas[0, lo:hi] == cfg.mask_token_id).sum())
+        lo, hi = block * params.block_length, (block + 1) * params.block_length
+        runner.block_start(block, answer)
+        masked_at_start = int((answer[lo:hi] == mask_id).sum())
         step_in_block = 0
-        while (canvas[0, lo:hi] == cfg.mask_token_id).any():
-            slots = lo + torch.nonzero(canvas[0, lo:hi] == cfg.mask_token_id)[:, 0]  # [M]
-            rows = prediction_rows(slots, cfg.logits_shifted)
-            out = model(canvas, positions, mask, attention, logits_rows=rows, return_kv=False)
-            forwards += 1
+        while (answer[lo:hi] == mask_id).any():
+            slots = lo + torch.nonzero(answer[lo:hi] == mask_id)[:, 0]  # [M]
+            logits = runner.slot_logits(block, answer, slots)
             plan = StepPlan(step_in_block, params.steps_per_block, masked_at_start)
-            chosen, tokens = choose_commits(out.logits[0], params, plan, generator)
-            canvas[0, slots[chosen]] = tokens[chosen]
-            yield DecodeStep(step=step, block=block,
-                             positions=tuple((slots[chosen] - p).tolist()),
+            chosen, tokens = choose_commits(logits, params, plan, generator)
+            answer[slots[chosen]] = tokens[chosen]
+            yield DecodeStep(step=step, block=block, positions=tuple(slots[chosen].tolist()),
                              tokens=tuple(tokens[chosen].tolist()),
-                             masked_left=int((canvas[0, p:] == cfg.mask_token_id).sum()))
+                             masked_left=int((answer == mask_id).sum()))
             step += 1
             step_in_block += 1
-            if params.stop_at_eos and answer_is_settled(canvas[0, p:], cfg.mask_token_id,
-                                                        cfg.stop_token_ids):
-                stopped_early = bool((canvas[0, p:] == cfg.mask_token_id).any())
+            if params.stop_at_eos and answer_is_settled(answer, mask_id, cfg.stop_token_ids):
+                stopped_early = bool((answer == mask_id).any())
                 break
         if stopped_early:
             break
-    answer = canvas[0, p:].tolist()
-    return DecodeOutcome(answer_ids=cut_at_stop(answer, cfg.stop_token_ids), canvas=answer,
-                         steps=step, forward_passes=forwards, stopped_early=stopped_early)
+        if block < params.num_blocks - 1:
+            runner.block_done(block, answer)
+    canvas = answer.tolist()
+    return DecodeOutcome(answer_ids=cut_at_stop(canvas, cfg.stop_token_ids), canvas=canvas,
+                         steps=step, forward_passes=runner.forward_passes,
+                         stopped_early=stopped_early)
+
+
+class DenseRunner:
+    """Every step recomputes [prompt | whole answer canvas] with full bidirectional attention."""
+
+    def __init__(self, model: DiffusionLM, attention: AttentionBackend, prompt_ids: torch.Tensor) -> None:
+        self.model, self.attention = model, attention
+        device = model.embed_tokens.weight.device
+        self.prompt = prompt_ids.to(device)
+        self.forward_passes = 0
+
+    def block_start(self, block: int, answer: torch.Tensor) -> None:
+        pass
+
+    def block_done(self, block: int, answer: torch.Tensor) -> None:
+        pass
+
+    def slot_logits(self, block: int, answer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        seq = torch.cat((self.prompt, answer))[None]
+        positions = torch.arange(seq.shape[1], device=seq.device)[None]
+        rows = prediction_rows(self.prompt.numel() + slots, self.model.cfg.logits_shifted)
+        out = self.model(seq, positions, full_mask(), self.attention, logits_rows=rows, return_kv=False)
+        self.forward_passes += 1
+        return out.logits[0]
+
+
+class FastDLLMRunner:
+    """Fast-dLLM dual cache: a full forward over [prompt | canvas] at each block start gives the
+    block's first logits and every position's KV; later steps forward only the block's tokens,
+    attending to the cached prompt, finished blocks and (stale) future masks."""
+
+    def __init__(self, model: DiffusionLM, attention: AttentionBackend, prompt_ids: torch.Tensor,
+                 block_length: int) -> None:
+        self.model, self.attention = model, attention
+        device = model.embed_tokens.weight.device
+        self.prompt = prompt_ids.to(device)
+        self.block_length = block_length
+        self.forward_passes = 0
+        self._first_logits: torch.Tensor | None = None  # [G, V] aligned to answer slots
+        self._anchor: torch.Tensor | None = None  # [V] row before the block (shifted models)
+        self._past = None
+
+    def block_start(self, block: int, answer: torch.Tensor) -> None:
+        cfg, p = self.model.cfg, self.prompt.numel()
+        seq = torch.cat((self.prompt, answer))[None]
+        positions = torch.arange(seq.shape[1], device=seq.device)[None]
+        lo, hi = p + block * self.block_length, p + (block + 1) * self.block_length
+        rows = prediction_rows(torch.arange(lo, hi, device=seq.device), cfg.logits_shifted)
+        out = self.model(seq, positions, full_mask(), self.attention, logits_rows=rows)
+        self.forward_passes += 1
+        self._first_logits = out.logits[0]
+        self._anchor = out.logits[0, 0]
+        # Keys are position-stamped (post-RoPE), so [prefix | suffix] plus the fresh block equals
+        # overwriting the block's slots in place.
+        self._past = [(torch.cat((k[:, :, :lo], k[:, :, hi:]), 2), torch.cat((v[:, :, :lo], v[:, :, hi:]), 2))
+                      for k, v in out.kv]
+        self._block_pos = positions[:, lo:hi]
+
+    def block_done(self, block: int, answer: torch.Tensor) -> None:
+        pass
+
+    def slot_logits(self, block: int, answer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        lo = block * self.block_length
+        if self._first_logits is not None:
+            first, self._first_logits = self._first_logits, None
+            return first[slots - lo]
+        frame = prediction_rows(slots - lo + 1, self.model.cfg.logits_shifted)  # 0 = row before block
+        ids = answer[None, lo:lo + self.block_length]
+        out = self.model(ids, self._block_pos, full_mask(), self.attention, past=self._past,
+                         logits_rows=(frame - 1).clamp_min(0), return_kv=False)
+        self.forward_passes += 1
+        return torch.where((frame == 0)[:, None], self._anchor[None], out.logits[0])
+
+
+def dense_decode(model: DiffusionLM, attention: AttentionBackend, prompt_ids: torch.Tensor,
+                 params: SamplingParams, generator: torch.Generator | None
+                 ) -> Generator[DecodeStep, None, DecodeOutcome]:
+    """The vanilla loop: decodes after `prompt_ids` ([P] long), recomputing everything each step."""
+    device = model.embed_tokens.weight.device
+    return run_blocks(DenseRunner(model, attention, prompt_ids), model.cfg, params, generator, device)

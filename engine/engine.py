@@ -10,10 +10,13 @@ from pathlib import Path
 
 import torch
 
+from engine.answer import AnswerParams, AnswerResult, stream_answer
 from engine.attention import AttentionBackend, full_mask, select_backend
 from engine.config import ModelConfig
 from engine.decode import DecodeStep, dense_decode
+from engine.kv_cache import DocumentKV
 from engine.model import DiffusionLM
+from engine.prefill import ProgressFn, prefill_document
 from engine.sampling import SamplingParams
 from engine.tokenizer import encode_prompt, load_tokenizer
 from engine.weights import default_dtype, load_model, read_model_config
@@ -131,4 +134,32 @@ class Engine:
         for event in self.stream_generate(prompt_or_messages, params, use_chat_template):
             result = event
         assert isinstance(result, GenerationResult)
+        return result
+
+    def prefill(self, token_ids: torch.Tensor | list[int], chunk_size: int,
+                progress: ProgressFn | None = None, token_budget: int = 16384,
+                out_device: torch.device | str | None = None) -> DocumentKV:
+        """Encodes a document's tokens into BOS-prefixed per-chunk KV ([L, N, Hkv, C, D])."""
+        return prefill_document(self.model, self.attention, token_ids, chunk_size, progress,
+                                token_budget, out_device)
+
+    def prefill_text(self, text: str, chunk_size: int, progress: ProgressFn | None = None) -> DocumentKV:
+        """Tokenizes plain text (no special tokens) and prefills it."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.prefill(ids, chunk_size, progress)
+
+    def stream_answer(self, documents: DocumentKV | list[DocumentKV], question: str,
+                      params: AnswerParams | None = None) -> Iterator[DecodeStep | AnswerResult]:
+        """Yields a DecodeStep per denoising step, then the AnswerResult with its trace."""
+        docs = [documents] if isinstance(documents, DocumentKV) else list(documents)
+        yield from stream_answer(self.model, self.attention, self.tokenizer, docs, question,
+                                 params or AnswerParams())
+
+    def answer(self, documents: DocumentKV | list[DocumentKV], question: str,
+               params: AnswerParams | None = None) -> AnswerResult:
+        """Answers a question over prefilled documents (see `stream_answer`)."""
+        result = None
+        for event in self.stream_answer(documents, question, params):
+            result = event
+        assert isinstance(result, AnswerResult)
         return result

@@ -1,0 +1,266 @@
+"""Answering a question over prefilled documents: draft, score, select, place, decode.
+
+`stream_answer` yields `DecodeStep`s while the answer is denoised, then one `AnswerResult` whose
+trace says what was chosen and why (scores, kept tokens, BOS anchor attention, timings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.attention import AttentionBackend
+from engine.chunk_scorer import (
+    ScoringParams,
+    chunk_relevance,
+    draft_pseudo_labels,
+    score_document,
+    scoring_rows,
+)
+from engine.decode import DecodeStep, DenseRunner, FastDLLMRunner, run_blocks
+from engine.kv_cache import POSITION_MODES, DocumentKV, chunk_deltas, gather_kept_tokens
+from engine.model import DiffusionLM
+from engine.prompting import DEFAULT_INSTRUCTION, QuestionPrompt, build_question_prompt
+from engine.sampling import SamplingParams
+from engine.scoring import auto_top_k, select_kept_tokens, select_top_chunks
+from engine.static_decode import (
+    FixedContext,
+    SelectedChunks,
+    StaticRunner,
+    build_joint_context,
+    build_static_context,
+)
+
+KV_MODES = ("static", "joint", "dense", "fastdllm")
+
+
+@dataclass(frozen=True)
+class AnswerParams:
+    top_k: int = 4  # K chunks kept; ignored when auto_k
+    auto_k: bool = False  # pick K at the largest score drop, within [1, max_auto_k]
+    max_auto_k: int = 8
+    token_budget: int = 0  # B tokens kept per chunk, layer and KV head; 0 keeps all
+    pool_kernel: int = 7
+    kv_mode: str = "static"
+    position_mode: str = "continuous"
+    scoring: ScoringParams = field(default_factory=ScoringParams)
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(gen_length=32, block_length=32))
+    reselect_every: int = 0  # re-score and re-select after every this many finished blocks (0: never)
+    instruction: str = DEFAULT_INSTRUCTION
+    use_chat_template: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kv_mode not in KV_MODES:
+            raise ValueError(f"unknown kv_mode {self.kv_mode!r}; choose from {', '.join(KV_MODES)}")
+        if self.position_mode not in POSITION_MODES:
+            raise ValueError(f"unknown position_mode {self.position_mode!r}; choose from {', '.join(POSITION_MODES)}")
+        if self.top_k < 1 and not self.auto_k:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.token_budget < 0 or self.token_budget == 1:
+            raise ValueError("token_budget must be 0 (keep all) or >= 2 (BOS + at least one token)")
+        if self.reselect_every < 0:
+            raise ValueError("reselect_every must be >= 0")
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    document: int  # index into the documents passed to `answer`
+    chunk: int  # chunk index within that document
+
+
+@dataclass
+class AnswerTrace:
+    candidates: list[ChunkRef]
+    scores: list[float]  # per candidate, higher = more relevant
+    selected: list[ChunkRef]  # placement (document) order
+    selected_scores: list[float]
+    kept_tokens: list[list[int]]  # per selected chunk and token: how many (layer, head) pairs keep it
+    anchors_scoring: torch.Tensor  # [N, L] attention mass on each candidate's BOS while scoring
+    anchors_decode: torch.Tensor | None  # [K, L] query attention mass on each selected chunk's BOS
+    draft_ids: list[int]  # committed pseudo-label tokens
+    timings: dict[str, float]  # seconds per phase
+    steps: int = 0
+    forward_passes: int = 0
+    reselections: list[list[ChunkRef]] = field(default_factory=list)
+
+
+@dataclass
+class AnswerResult:
+    text: str
+    answer_ids: list[int]
+    trace: AnswerTrace
+    stopped_early: bool = False
+
+
+class _Clock:
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.timings = device, {}
+
+    def lap(self, phase: str, start: float) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.timings[phase] = self.timings.get(phase, 0.0) + now - start
+        return now
+
+
+def _pool(documents: Sequence[DocumentKV]) -> list[ChunkRef]:
+    return [ChunkRef(d, c) for d, doc in enumerate(documents) for c in range(doc.num_chunks)]
+
+
+def _score_all(model, attention, documents, rows, params: ScoringParams):
+    per_doc = [score_document(model, attention, doc, rows, params) for doc in documents]
+    scores = torch.cat([s.scores for s in per_doc]) if per_doc else torch.zeros(0)
+    layers = model.cfg.num_layers
+    anchors = torch.cat([s.anchors for s in per_doc]) if per_doc else torch.zeros(0, layers)
+    return scores, anchors
+
+
+def _select(scores: torch.Tensor, params: AnswerParams) -> torch.Tensor:
+    k = auto_top_k(scores, 1, params.max_auto_k) if params.auto_k else params.top_k
+    return select_top_chunks(scores, k)
+
+
+def _gather_selected(model, attention, documents, refs: list[ChunkRef], rows, params: AnswerParams,
+                     ordinals: list[int], total: int, prefix_len: int
+                     ) -> tuple[SelectedChunks, list[list[int]], int]:
+    """Stacks the selected chunks' KV, applies token selection, computes their positions."""
+    cfg = model.cfg
+    keys = torch.stack([documents[r.document].keys[:, r.chunk] for r in refs], 1)  # [L, K, Hkv, C, D]
+    values = torch.stack([documents[r.document].values[:, r.chunk] for r in refs], 1)
+    tokens = torch.stack([documents[r.document].tokens[r.chunk] for r in refs])
+    lengths = torch.stack([documents[r.document].lengths[r.chunk] for r in refs])
+    c = tokens.shape[1]
+    kept = None
+    valid = torch.arange(c)[None, :] < lengths[:, None]
+    counts = [[cfg.num_layers * cfg.num_kv_heads] * int(n) for n in lengths]
+    if params.token_budget > 0 and params.token_budget < c:
+        relevance = torch.cat([
+            chunk_relevance(model, attention, documents[r.document], torch.tensor([r.chunk]), rows)
+            for r in refs])  # [K, L, Hkv, C]
+        kept, valid = select_kept_tokens(relevance, lengths, params.token_budget, params.pool_kernel)
+        if params.kv_mode == "static":
+            keys, values = gather_kept_tokens(keys, kept), gather_kept_tokens(values, kept)
+        counts = []
+        for j, n in enumerate(lengths.tolist()):
+            hits = torch.zeros(c, dtype=torch.long)
+            live = kept[j][..., valid[j]].flatten()
+            hits.scatter_add_(0, live, torch.ones_like(live))
+            counts.append(hits[:n].tolist())
+    starts, query_start = chunk_deltas(params.position_mode, prefix_len, c, torch.tensor(ordinals), total)
+    chunks = SelectedChunks(keys=keys, values=values, valid=valid, starts=starts, tokens=tokens,
+                            lengths=lengths, kept=kept)
+    return chunks, counts, query_start
+
+
+def _dense_prompt(prompt: QuestionPrompt, documents: Sequence[DocumentKV], bos_id: int) -> torch.Tensor:
+    """[prefix | BOS + document content, per document | query]: the unchunked baseline prompt."""
+    parts = [torch.tensor(prompt.prefix_ids)]
+    for doc in documents:
+        parts += [torch.tensor([bos_id]), doc.content_ids()]
+    parts.append(torch.tensor(prompt.query_ids))
+    return torch.cat(parts)
+
+
+@torch.inference_mode()
+def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
+                  documents: Sequence[DocumentKV], question: str,
+                  params: AnswerParams = AnswerParams()) -> Iterator[DecodeStep | AnswerResult]:
+    """Yields a DecodeStep per denoising step, then the AnswerResult."""
+    cfg = model.cfg
+    device = model.embed_tokens.weight.device
+    clock = _Clock(device)
+    t = time.perf_counter()
+    prompt = build_question_prompt(tokenizer, question, cfg.bos_token_id, params.instruction,
+                                   params.use_chat_template)
+    sp = params.scoring
+    baseline = params.kv_mode in ("dense", "fastdllm")  # no chunking, nothing to score
+    draft = None
+    if sp.scorer == "draft_self_information" and not baseline:
+        draft = draft_pseudo_labels(model, attention, prompt.prefix_ids + prompt.query_ids,
+                                    sp.draft_slots, sp.draft_rounds)
+    t = clock.lap("draft", t)
+    rows = scoring_rows(prompt.query_ids, prompt.question_span, draft, sp.window, cfg.logits_shifted)
+    candidates = [] if baseline else _pool(documents)
+    if baseline:
+        scores, anchors_scoring = torch.zeros(0), torch.zeros(0, cfg.num_layers)
+    else:
+        scores, anchors_scoring = _score_all(model, attention, documents, rows, sp)
+    t = clock.lap("scoring", t)
+    chosen = _select(scores, params) if candidates else torch.zeros(0, dtype=torch.long)
+    refs = [candidates[i] for i in chosen.tolist()]
+    generator = torch.Generator(device=device).manual_seed(params.sampling.seed)
+    trace = AnswerTrace(candidates=candidates, scores=scores.tolist(), selected=refs,
+                        selected_scores=[float(scores[i]) for i in chosen.tolist()], kept_tokens=[],
+                        anchors_scoring=anchors_scoring, anchors_decode=None,
+                        draft_ids=draft.tokens[draft.committed].tolist() if draft is not None else [],
+                        timings=clock.timings)
+    t = clock.lap("selection", t)
+
+    if baseline:
+        ids = _dense_prompt(prompt, documents, cfg.bos_token_id)
+        if params.kv_mode == "dense":
+            runner = DenseRunner(model, attention, ids)
+        else:
+            runner = FastDLLMRunner(model, attention, ids, params.sampling.block_length)
+    else:
+        runner = _method_runner(model, attention, documents, prompt, rows, refs, chosen, params, trace)
+    t = clock.lap("kv_build", t)
+    loop = run_blocks(runner, cfg, params.sampling, generator, device)
+    while True:
+        try:
+            yield next(loop)
+        except StopIteration as done:
+            outcome = done.value
+            break
+    clock.lap("decode", t)
+    trace.steps, trace.forward_passes = outcome.steps, outcome.forward_passes
+    text = tokenizer.decode(outcome.answer_ids, skip_special_tokens=True).strip()
+    yield AnswerResult(text=text, answer_ids=outcome.answer_ids, trace=trace,
+                       stopped_early=outcome.stopped_early)
+
+
+def _method_runner(model, attention, documents, prompt, rows, refs, chosen, params: AnswerParams,
+                   trace: AnswerTrace) -> StaticRunner:
+    """Static or joint context over the selected chunks, with optional re-selection per block."""
+    total = sum(d.num_chunks for d in documents)
+    prefix_len = len(prompt.prefix_ids)
+
+    def context_for(sel_refs, sel_ordinals, extra_ids=None) -> tuple[FixedContext, list[list[int]]]:
+        if not sel_refs:
+            raise ValueError("no chunk to answer from: the documents are empty")
+        chunks, counts, query_start = _gather_selected(model, attention, documents, sel_refs, rows, params,
+                                                       sel_ordinals, total, prefix_len)
+        if params.kv_mode == "joint" and extra_ids is None:
+            ctx = build_joint_context(model, attention, prompt, chunks, query_start,
+                                      params.sampling.gen_length, params.sampling.block_length)
+        else:
+            ctx = build_static_context(model, attention, prompt, chunks, query_start, extra_ids)
+        return ctx, counts
+
+    ctx, trace.kept_tokens = context_for(refs, chosen.tolist())
+    trace.anchors_decode = ctx.anchors
+    answer_start = ctx.answer_start
+
+    def reselect(block: int, answer: torch.Tensor) -> FixedContext | None:
+        if params.reselect_every <= 0 or (block + 1) % params.reselect_every:
+            return None
+        done = answer[:(block + 1) * params.sampling.block_length].tolist()
+        # The partial answer plays the draft's part: the scored rows become query + answer so far.
+        new_rows = dataclasses.replace(
+            rows, ids=torch.cat((torch.tensor(prompt.query_ids), torch.tensor(done))),
+            targets=torch.cat((rows.targets[:len(prompt.query_ids)], torch.ones(len(done), dtype=torch.bool))))
+        new_scores, _ = _score_all(model, attention, documents, new_rows, params.scoring)
+        new_chosen = _select(new_scores, params)
+        pool = _pool(documents)
+        new_refs = [pool[i] for i in new_chosen.tolist()]
+        trace.reselections.append(new_refs)
+        new_ctx, _ = context_for(new_refs, new_chosen.tolist(), extra_ids=done)
+        return dataclasses.replace(new_ctx, answer_start=answer_start)
+
+    return StaticRunner(model, attention, ctx, params.sampling.block_length,
+                        on_block_done=reselect if params.reselect_every > 0 else None)

@@ -21,8 +21,8 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="total steps for scheduled decoders (default: one per token)")
     g.add_argument("--threshold", type=float, default=0.9, help="confidence threshold tau")
     g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--sample-top-p", dest="top_p", type=float, default=None, help="nucleus sampling")
+    g.add_argument("--sample-top-k", dest="top_k_sampling", type=int, default=None, help="top-k sampling")
     g.add_argument("--seed", type=int, default=0)
 
 
@@ -42,6 +42,20 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--show-steps", action="store_true", help="print every denoising step")
     _add_sampling_args(gen)
 
+    ans = sub.add_parser("answer", help="answer a question about text files (prefill in memory, no storage)")
+    ans.add_argument("question")
+    ans.add_argument("files", nargs="+", type=Path, help="UTF-8 text or Markdown files")
+    ans.add_argument("--model", required=True, type=Path, help="local checkpoint folder")
+    ans.add_argument("--device", default=None)
+    ans.add_argument("--chunk-size", type=int, default=512)
+    ans.add_argument("--top-k", default="4", help="chunks to keep, or 'auto'")
+    ans.add_argument("--token-budget", type=int, default=0, help="tokens kept per chunk and head (0: all)")
+    ans.add_argument("--kv-mode", choices=("static", "joint", "dense", "fastdllm"), default="static")
+    ans.add_argument("--position-mode", choices=("continuous", "reuse", "absolute"), default="continuous")
+    ans.add_argument("--scorer", choices=("draft_self_information", "self_information", "attention", "none"),
+                     default="draft_self_information")
+    _add_sampling_args(ans)
+
     mk = sub.add_parser("make-random-model",
                         help="write a tiny random checkpoint (Dream or LLaDA format) for trying things")
     mk.add_argument("folder", type=Path)
@@ -59,7 +73,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(decoder=args.decoder, gen_length=args.gen_length,
                             block_length=args.block_length, steps=args.steps,
                             threshold=args.threshold, temperature=args.temperature,
-                            top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+                            top_p=args.top_p, top_k=args.top_k_sampling, seed=args.seed)
     dtype = getattr(torch, args.dtype) if args.dtype else None
     engine = Engine.from_pretrained(args.model, device=args.device, dtype=dtype,
                                     attention=args.attention)
@@ -76,6 +90,48 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"no such file: {path}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text") from None
+
+
+def _cmd_answer(args: argparse.Namespace) -> int:
+    from engine import AnswerParams, Engine, SamplingParams, ScoringParams
+    from engine.decode import DecodeStep
+
+    auto = args.top_k == "auto"
+    if not auto and not args.top_k.isdigit():
+        raise ValueError(f"--top-k must be a number or 'auto', not {args.top_k!r}")
+    texts = [_read_text(p) for p in args.files]
+    params = AnswerParams(
+        top_k=4 if auto else int(args.top_k), auto_k=auto, token_budget=args.token_budget,
+        kv_mode=args.kv_mode, position_mode=args.position_mode, scoring=ScoringParams(scorer=args.scorer),
+        sampling=SamplingParams(decoder=args.decoder, gen_length=args.gen_length, block_length=args.block_length,
+                                steps=args.steps, threshold=args.threshold, temperature=args.temperature,
+                                top_p=args.top_p, top_k=args.top_k_sampling, seed=args.seed))
+    engine = Engine.from_pretrained(args.model, device=args.device)
+    docs = [engine.prefill_text(text, args.chunk_size) for text in texts]
+    for event in engine.stream_answer(docs, args.question, params):
+        if isinstance(event, DecodeStep):
+            continue
+        print(event.text)
+        tr = event.trace
+        print(f"[{tr.steps} steps, {tr.forward_passes} forward passes; "
+              + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in tr.timings.items()) + "]", file=sys.stderr)
+        for ref, score in zip(tr.selected, tr.selected_scores, strict=True):
+            doc = docs[ref.document]
+            start = int(doc.content_starts[ref.chunk])
+            n = int(doc.lengths[ref.chunk]) - 1
+            snippet = engine.tokenizer.decode(doc.tokens[ref.chunk, 1:1 + n].tolist())[:80].replace("\n", " ")
+            print(f"  {args.files[ref.document].name} chunk {ref.chunk} (tokens {start}-{start + n}), "
+                  f"score {score:.3f}: {snippet}", file=sys.stderr)
+    return EXIT_OK
+
+
 def _cmd_make_random_model(args: argparse.Namespace) -> int:
     from app.random_checkpoint import write_random_checkpoint
 
@@ -86,7 +142,7 @@ def _cmd_make_random_model(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"generate": _cmd_generate, "make-random-model": _cmd_make_random_model}
+COMMANDS = {"generate": _cmd_generate, "answer": _cmd_answer, "make-random-model": _cmd_make_random_model}
 
 
 def main(argv: list[str] | None = None) -> int:

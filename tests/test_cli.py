@@ -35,3 +35,15 @@ def test_errors_are_one_clear_line(tmp_path, llada_dir):
     res = run_cli("generate", "--model", str(llada_dir), "--gen-length", "30", "hi")
     assert res.returncode == 2 and "multiple of block_length" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_answer_over_a_text_file(llada_dir, tmp_path):
+    doc = tmp_path / "notes.txt"
+    doc.write_text("The river flows north. " * 40 + "The code word is sapphire. " + "Mountains rise. " * 40)
+    res = run_cli("answer", "--model", str(llada_dir), "--chunk-size", "32", "--top-k", "auto",
+                  "--token-budget", "8", "--gen-length", "8", "--block-length", "8",
+                  "What is the code word?", str(doc))
+    assert res.returncode == 0, res.stderr
+    assert "notes.txt chunk" in res.stderr and "scoring" in res.stderr
+    res = run_cli("answer", "--model", str(llada_dir), "q", str(tmp_path / "missing.txt"))
+    assert res.returncode == 2 and res.stderr.strip() == f"docqa: no such file: {tmp_path / 'missing.txt'}"

@@ -19,7 +19,7 @@ from engine.model import DiffusionLM
 from engine.prefill import ProgressFn, prefill_document
 from engine.sampling import SamplingParams
 from engine.tokenizer import encode_prompt, load_tokenizer
-from engine.weights import default_dtype, load_model, read_model_config
+from engine.weights import default_dtype, load_model, model_fingerprint, read_model_config
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +49,13 @@ class Engine:
     """A diffusion LM ready to run: `Engine.from_pretrained(folder)`."""
 
     def __init__(self, model: DiffusionLM, tokenizer, attention: AttentionBackend,
-                 path: Path | None = None) -> None:
+                 path: Path | None = None, fingerprint: str = "") -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.attention = attention
         self.path = path
+        # Identifies the checkpoint (config, tokenizer, weights): KV caches are keyed by it.
+        self.fingerprint = fingerprint
 
     @property
     def config(self) -> ModelConfig:
@@ -79,7 +81,7 @@ class Engine:
         model = load_model(path, cfg, dev, dtype)
         backend = select_backend(dev, dtype, override=attention)
         logger.info("engine ready: %s on %s (%s), attention=%s", path, dev, dtype, backend.name)
-        return cls(model, tokenizer, backend, path)
+        return cls(model, tokenizer, backend, path, model_fingerprint(path))
 
     @torch.inference_mode()
     def logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:

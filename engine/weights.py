@@ -230,3 +230,34 @@ def random_model(cfg: ModelConfig, device: torch.device | str, dtype: torch.dtyp
         model = DiffusionLM(cfg)
     _assign_state(model, random_state_dict(cfg, seed, std, device, dtype))
     return model.eval()
+
+
+_FINGERPRINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                      "vocab.json", "merges.txt", "added_tokens.json", "special_tokens_map.json", INDEX_FILE)
+
+
+def model_fingerprint(folder: str | Path) -> str:
+    """A stable id of a checkpoint: config, tokenizer and the weight files' identities.
+
+    Config and tokenizer files are hashed whole. Each weight file contributes its name, size,
+    safetensors header (names, dtypes, shapes, offsets) and three 1 MiB samples (start, middle,
+    end), so two different checkpoints never share KV caches, without reading gigabytes at start.
+    """
+    import hashlib
+
+    folder = Path(folder)
+    h = hashlib.sha256(b"docqa-fingerprint-v1")
+    for name in _FINGERPRINT_FILES:
+        path = folder / name
+        if path.exists():
+            h.update(name.encode() + b"\0" + path.read_bytes())
+    for path in sorted(folder.glob("*.safetensors")):
+        size = path.stat().st_size
+        h.update(f"{path.name}\0{size}\0".encode())
+        with open(path, "rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            h.update(f.read(min(header_len, 100 << 20)))
+            for offset in (0, size // 2, max(size - (1 << 20), 0)):
+                f.seek(offset)
+                h.update(f.read(1 << 20))
+    return h.hexdigest()

@@ -1,0 +1,93 @@
+"""Prefill once, reuse forever: a document's KV from the pool, the disk, or a fresh prefill.
+
+`DocumentKVService.get` looks in the tiered pool (GPU / pinned CPU), then in the store (safetensors
+files, checksum-verified on first read), and only then prefills, saving the result for every later
+question and restart. A damaged file is never answered from: it is detected, dropped and recomputed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+
+import torch
+
+from engine import DocumentKV, Engine
+from engine.prefill import ProgressFn
+from storage import ChunkRecord, DocumentStore, KVFileError, KVKey, PageSpan, TieredKVPool
+
+logger = logging.getLogger(__name__)
+
+CHUNK_AXIS = {"keys": 1, "values": 1, "tokens": 0, "lengths": 0, "content_starts": 0}
+
+
+def kv_to_tensors(doc: DocumentKV) -> dict[str, torch.Tensor]:
+    return {"keys": doc.keys, "values": doc.values, "tokens": doc.tokens, "lengths": doc.lengths,
+            "content_starts": doc.content_starts}
+
+
+def tensors_to_kv(t: dict[str, torch.Tensor]) -> DocumentKV:
+    return DocumentKV(keys=t["keys"], values=t["values"], lengths=t["lengths"].cpu(), tokens=t["tokens"].cpu(),
+                      content_starts=t["content_starts"].cpu())
+
+
+def chunk_records(doc: DocumentKV, offsets: list[tuple[int, int]], text: str,
+                  pages: list[PageSpan]) -> list[ChunkRecord]:
+    """Citable metadata per chunk: content token span, character span, page span and text."""
+    page_starts = [p.char_start for p in pages]
+    records = []
+    for j in range(doc.num_chunks):
+        tok_start = int(doc.content_starts[j])
+        tok_end = tok_start + int(doc.lengths[j]) - 1
+        char_start = offsets[tok_start][0] if tok_end > tok_start else 0
+        char_end = offsets[tok_end - 1][1] if tok_end > tok_start else 0
+        first = max(bisect.bisect_right(page_starts, char_start) - 1, 0) if pages else 0
+        last = max(bisect.bisect_right(page_starts, max(char_end - 1, char_start)) - 1, 0) if pages else 0
+        records.append(ChunkRecord(j, tok_start, tok_end, char_start, char_end, first, last,
+                                   text[char_start:char_end]))
+    return records
+
+
+class DocumentKVService:
+    def __init__(self, engine: Engine, store: DocumentStore, pool: TieredKVPool) -> None:
+        self.engine, self.store, self.pool = engine, store, pool
+
+    def key(self, doc_id: str, chunk_size: int) -> KVKey:
+        dtype = str(self.engine.dtype).removeprefix("torch.")
+        return KVKey(doc_id, self.engine.fingerprint, chunk_size, dtype)
+
+    def get(self, doc_id: str, chunk_size: int, progress: ProgressFn | None = None) -> DocumentKV:
+        """The document's KV on the engine's device: pool hit, disk load, or prefill (then saved)."""
+        key = self.key(doc_id, chunk_size)
+        hit = self.pool.get(key)
+        if hit is not None:
+            return tensors_to_kv(hit)
+        record = self.store.find_kv(key)
+        if record is not None:
+            try:
+                tensors = self.store.load_kv(record, CHUNK_AXIS, "cpu")
+                return tensors_to_kv(self.pool.put(key, tensors, source="disk"))
+            except KVFileError as exc:
+                logger.warning("recomputing the KV of %s: %s", doc_id, exc)
+        return self._prefill_and_save(key, progress)
+
+    def chunks(self, doc_id: str, chunk_size: int) -> list[ChunkRecord]:
+        """Chunk metadata for citations (prefilling first if this chunking was never computed)."""
+        key = self.key(doc_id, chunk_size)
+        record = self.store.find_kv(key)
+        if record is None:
+            self.get(doc_id, chunk_size)
+            record = self.store.find_kv(key)
+        return self.store.chunks(record.id)
+
+    def _prefill_and_save(self, key: KVKey, progress: ProgressFn | None) -> DocumentKV:
+        text = self.store.document_text(key.document_id)
+        enc = self.engine.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        doc = self.engine.prefill(enc["input_ids"], key.chunk_size, progress)
+        chunks = chunk_records(doc, enc["offset_mapping"], text, self.store.pages(key.document_id))
+        self.store.save_kv(key, kv_to_tensors(doc), CHUNK_AXIS, chunks, num_tokens=len(enc["input_ids"]))
+        return tensors_to_kv(self.pool.put(key, kv_to_tensors(doc), source="prefill"))
+
+    def forget(self, doc_id: str) -> None:
+        """Drops every pooled entry of a document (when it is deleted)."""
+        self.pool.drop_matching(lambda key: key.document_id == doc_id)

@@ -1,0 +1,123 @@
+"""SQLite through sqlite-utils: connections and numbered migrations.
+
+Every connection gets WAL (concurrent readers, one writer, also across processes), foreign keys on
+(SQLite leaves them off by default) and a 30 s busy timeout. Connections are never shared between
+threads: `DocumentStore` keeps one per thread.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import sqlite3
+from pathlib import Path
+
+from sqlite_utils import Database, Migrations
+
+migrations = Migrations("docqa")
+
+
+def connect(path: str | Path) -> Database:
+    """Opens the database with WAL, foreign keys and a busy timeout; applies pending migrations."""
+    path = Path(path)
+    conn = sqlite3.connect(str(path), timeout=30.0)
+    db = Database(conn)
+    db.execute("PRAGMA foreign_keys = ON")
+    db.execute("PRAGMA synchronous = NORMAL")
+    if db.journal_mode != "wal":
+        db.enable_wal()
+    # Two processes starting at once must not both apply the same migration.
+    with open(path.with_suffix(".migrate.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        migrations.apply(db)
+    return db
+
+
+def _run_statements(db: Database, sql: str) -> None:
+    """Runs `;`-separated statements one by one: executescript() would COMMIT the migration's
+    transaction first, and a crash then could leave tables without their migration record."""
+    for statement in sql.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+@migrations()
+def m001_initial(db: Database) -> None:
+    _run_statements(db, """
+    CREATE TABLE documents (
+        id TEXT PRIMARY KEY,                 -- sha256 of the uploaded bytes
+        name TEXT NOT NULL,
+        mime TEXT NOT NULL,
+        size_bytes INTEGER NOT NULL,
+        page_count INTEGER NOT NULL,
+        text_chars INTEGER NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('ingesting', 'ready', 'failed')),
+        error TEXT,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    ) STRICT;
+    CREATE TABLE pages (
+        document_id TEXT NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+        page_index INTEGER NOT NULL,
+        label TEXT NOT NULL,                 -- the printed page label ("iv", "12")
+        char_start INTEGER NOT NULL,
+        char_end INTEGER NOT NULL,
+        has_text INTEGER NOT NULL,
+        PRIMARY KEY (document_id, page_index)
+    ) STRICT;
+    CREATE TABLE kv_caches (
+        id INTEGER PRIMARY KEY,
+        document_id TEXT NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+        model_fingerprint TEXT NOT NULL,
+        chunk_size INTEGER NOT NULL,
+        dtype TEXT NOT NULL,
+        num_chunks INTEGER NOT NULL,
+        num_tokens INTEGER NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('ready', 'evicted')),
+        folder TEXT NOT NULL,                -- relative to the data folder
+        bytes INTEGER NOT NULL,
+        created_at TEXT NOT NULL,
+        last_used_at TEXT NOT NULL,
+        UNIQUE (document_id, model_fingerprint, chunk_size, dtype)
+    ) STRICT;
+    CREATE TABLE kv_files (
+        cache_id INTEGER NOT NULL REFERENCES kv_caches(id) ON DELETE CASCADE,
+        shard INTEGER NOT NULL,
+        path TEXT NOT NULL,                  -- relative to the data folder
+        bytes INTEGER NOT NULL,
+        sha256 TEXT NOT NULL,
+        chunk_start INTEGER NOT NULL,
+        chunk_end INTEGER NOT NULL,
+        PRIMARY KEY (cache_id, shard)
+    ) STRICT;
+    CREATE TABLE chunks (
+        cache_id INTEGER NOT NULL REFERENCES kv_caches(id) ON DELETE CASCADE,
+        ordinal INTEGER NOT NULL,
+        document_id TEXT NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+        token_start INTEGER NOT NULL,        -- content tokens of the document, [start, end)
+        token_end INTEGER NOT NULL,
+        char_start INTEGER NOT NULL,
+        char_end INTEGER NOT NULL,
+        page_start INTEGER NOT NULL,         -- page indices, inclusive
+        page_end INTEGER NOT NULL,
+        text TEXT NOT NULL,
+        PRIMARY KEY (cache_id, ordinal)
+    ) STRICT;
+    CREATE INDEX chunks_by_document ON chunks(document_id);
+    CREATE TABLE conversations (
+        id TEXT PRIMARY KEY,
+        title TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    ) STRICT;
+    CREATE TABLE messages (
+        id INTEGER PRIMARY KEY,
+        conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        question TEXT NOT NULL,
+        answer TEXT NOT NULL,
+        documents TEXT NOT NULL,             -- JSON list of document ids
+        params TEXT NOT NULL,                -- JSON
+        selected_chunks TEXT NOT NULL,       -- JSON list of {document, chunk, score, pages}
+        timings TEXT NOT NULL,               -- JSON
+        created_at TEXT NOT NULL
+    ) STRICT;
+    """)

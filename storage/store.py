@@ -1,0 +1,422 @@
+"""The document store: SQLite metadata plus files, under one data folder.
+
+Layout:
+    <data>/docqa.sqlite              metadata (documents, pages, KV caches, chunks, conversations)
+    <data>/documents/<id>.txt        each document's extracted text
+    <data>/kv/<id>/<fingerprint>-c<chunk size>-<dtype>/kv-NNNN-of-NNNN.safetensors
+
+Invariants: a document row is 'ready' only together with its text file and pages; a KV cache row
+is 'ready' only once all its files are renamed into place; deleting removes rows first (one
+transaction) and then files, and `recover()` (run at open) removes whatever a crash left between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from sqlite_utils import Database
+
+from storage.db import connect
+from storage.kv_files import (
+    KVFileError,
+    ShardInfo,
+    StorageError,
+    StorageFullError,
+    read_kv_shards,
+    remove_temporaries,
+    write_kv_shards,
+)
+
+logger = logging.getLogger(__name__)
+
+DB_FILE = "docqa.sqlite"
+WRITERS_LOCK = ".writers.lock"
+DEFAULT_MAX_SHARD_BYTES = 2 << 30  # 2 GiB per KV file
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+@dataclass(frozen=True)
+class PageSpan:
+    index: int
+    label: str
+    char_start: int
+    char_end: int
+    has_text: bool
+
+
+@dataclass(frozen=True)
+class DocumentRecord:
+    id: str
+    name: str
+    mime: str
+    size_bytes: int
+    page_count: int
+    text_chars: int
+    status: str
+    error: str | None
+    created_at: str
+    updated_at: str
+
+
+@dataclass(frozen=True)
+class KVKey:
+    document_id: str
+    model_fingerprint: str
+    chunk_size: int
+    dtype: str
+
+    @property
+    def folder_prefix(self) -> str:
+        """Each write goes to a new folder under this prefix: a live cache is never overwritten."""
+        return f"kv/{self.document_id}/{self.model_fingerprint[:16]}-c{self.chunk_size}-{self.dtype}"
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    ordinal: int
+    token_start: int
+    token_end: int
+    char_start: int
+    char_end: int
+    page_start: int
+    page_end: int
+    text: str
+
+
+@dataclass(frozen=True)
+class KVCacheRecord:
+    id: int
+    key: KVKey
+    num_chunks: int
+    num_tokens: int
+    status: str
+    bytes: int
+    files: tuple[ShardInfo, ...]
+    last_used_at: str
+    folder: str  # relative to the data folder
+
+
+@dataclass(frozen=True)
+class MessageRecord:
+    id: int
+    conversation_id: str
+    question: str
+    answer: str
+    documents: list[str]
+    params: dict
+    selected_chunks: list[dict]
+    timings: dict
+    created_at: str
+
+
+def _write_text_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno in (28, 122, 27):  # ENOSPC, EDQUOT, EFBIG
+            raise StorageFullError(f"no space left to store {path.name}: {exc.strerror}") from None
+        raise StorageError(f"cannot write {path}: {exc}") from exc
+
+
+class DocumentStore:
+    """Metadata and files of documents and their KV caches. One SQLite connection per thread."""
+
+    def __init__(self, data_dir: str | Path, kv_budget_bytes: int | None = None,
+                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
+        self.root = Path(data_dir).expanduser().resolve()
+        try:
+            (self.root / "documents").mkdir(parents=True, exist_ok=True)
+            (self.root / "kv").mkdir(exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot use the data folder {self.root}: {exc}") from exc
+        self.kv_budget_bytes = kv_budget_bytes
+        self.max_shard_bytes = max_shard_bytes
+        self._local = threading.local()
+        self._verified: set[str] = set()  # shard paths whose checksum this process has checked
+        self._verified_lock = threading.Lock()
+        self.last_recovery = self.recover()
+
+    # ---- connections and locks ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """Held (shared) by every writer of files, so that recovery in another process never
+        mistakes a write in progress for debris."""
+        with open(self.root / WRITERS_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            yield
+
+    @property
+    def db(self) -> Database:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = connect(self.root / DB_FILE)
+            self._local.db = db
+        return db
+
+    # ---- documents ---------------------------------------------------------------------------
+
+    def add_document(self, doc_id: str, name: str, mime: str, size_bytes: int, text: str,
+                     pages: list[PageSpan]) -> tuple[DocumentRecord, bool]:
+        """Stores a document (text file, then rows in one transaction). Deduplicated by `doc_id`
+        (the content hash): an existing ready document is returned unchanged with False."""
+        existing = self.get_document(doc_id)
+        if existing is not None and existing.status == "ready":
+            return existing, False
+        now = _now()
+        row = {"id": doc_id, "name": name, "mime": mime, "size_bytes": size_bytes, "page_count": len(pages),
+               "text_chars": len(text), "status": "ready", "error": None, "created_at": now, "updated_at": now}
+        with self._writing(), self.db.atomic():
+            _write_text_atomically(self._text_path(doc_id), text)
+            self.db.execute("DELETE FROM documents WHERE id = ?", [doc_id])  # a failed earlier attempt
+            self.db["documents"].insert(row)
+            self.db["pages"].insert_all(
+                [{"document_id": doc_id, "page_index": p.index, "label": p.label, "char_start": p.char_start,
+                  "char_end": p.char_end, "has_text": int(p.has_text)} for p in pages], batch_size=500)
+        return self.get_document(doc_id), True
+
+    def get_document(self, doc_id: str) -> DocumentRecord | None:
+        rows = list(self.db.query("SELECT * FROM documents WHERE id = ?", [doc_id]))
+        return DocumentRecord(**rows[0]) if rows else None
+
+    def list_documents(self) -> list[DocumentRecord]:
+        return [DocumentRecord(**r) for r in self.db.query(
+            "SELECT * FROM documents WHERE status = 'ready' ORDER BY created_at")]
+
+    def document_text(self, doc_id: str) -> str:
+        try:
+            return self._text_path(doc_id).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise StorageError(f"the text of document {doc_id} is missing from {self.root}") from None
+
+    def pages(self, doc_id: str) -> list[PageSpan]:
+        return [PageSpan(r["page_index"], r["label"], r["char_start"], r["char_end"], bool(r["has_text"]))
+                for r in self.db.query("SELECT * FROM pages WHERE document_id = ? ORDER BY page_index", [doc_id])]
+
+    def delete_document(self, doc_id: str) -> bool:
+        """Deletes the rows (cascading to pages, caches, chunks) and then every file of the document."""
+        with self.db.atomic():
+            found = self.db.execute("DELETE FROM documents WHERE id = ?", [doc_id]).rowcount > 0
+        self._text_path(doc_id).unlink(missing_ok=True)
+        shutil.rmtree(self.root / "kv" / doc_id, ignore_errors=True)
+        return found
+
+    def _text_path(self, doc_id: str) -> Path:
+        if not doc_id or "/" in doc_id or doc_id.startswith("."):
+            raise ValueError(f"invalid document id {doc_id!r}")
+        return self.root / "documents" / f"{doc_id}.txt"
+
+    # ---- KV caches ---------------------------------------------------------------------------
+
+    def _cache_record(self, row: dict) -> KVCacheRecord:
+        files = tuple(ShardInfo(f["shard"], f["path"], f["bytes"], f["sha256"], f["chunk_start"], f["chunk_end"])
+                      for f in self.db.query("SELECT * FROM kv_files WHERE cache_id = ? ORDER BY shard", [row["id"]]))
+        key = KVKey(row["document_id"], row["model_fingerprint"], row["chunk_size"], row["dtype"])
+        return KVCacheRecord(row["id"], key, row["num_chunks"], row["num_tokens"], row["status"], row["bytes"],
+                             files, row["last_used_at"], row["folder"])
+
+    def find_kv(self, key: KVKey) -> KVCacheRecord | None:
+        """The ready cache for this (document, model, chunk size, dtype), if its files exist."""
+        rows = list(self.db.query(
+            "SELECT * FROM kv_caches WHERE document_id = ? AND model_fingerprint = ? AND chunk_size = ? "
+            "AND dtype = ? AND status = 'ready'", [key.document_id, key.model_fingerprint, key.chunk_size, key.dtype]))
+        return self._cache_record(rows[0]) if rows else None
+
+    def caches_of(self, doc_id: str) -> list[KVCacheRecord]:
+        return [self._cache_record(r) for r in self.db.query(
+            "SELECT * FROM kv_caches WHERE document_id = ? ORDER BY id", [doc_id])]
+
+    def save_kv(self, key: KVKey, tensors: dict[str, torch.Tensor], chunk_axis: dict[str, int],
+                chunks: list[ChunkRecord], num_tokens: int) -> KVCacheRecord:
+        """Writes the KV files atomically, then records cache, files and chunks in one transaction.
+
+        On a full disk raises StorageFullError and leaves the database as it was.
+        """
+        if self.get_document(key.document_id) is None:
+            raise StorageError(f"unknown document {key.document_id}")
+        sizes = {name: t.shape[chunk_axis[name]] for name, t in tensors.items()}
+        if any(n != len(chunks) for n in sizes.values()):
+            raise ValueError(f"{len(chunks)} chunk records for tensors with chunk counts {sizes}")
+        meta = {"document_id": key.document_id, "model_fingerprint": key.model_fingerprint,
+                "chunk_size": str(key.chunk_size), "dtype": key.dtype}
+        with self._writing():
+            return self._save_kv_locked(key, tensors, chunk_axis, chunks, num_tokens, meta)
+
+    def _save_kv_locked(self, key, tensors, chunk_axis, chunks, num_tokens, meta) -> KVCacheRecord:
+        num_chunks = len(chunks)
+        folder = f"{key.folder_prefix}-{uuid.uuid4().hex[:8]}"
+        shards = write_kv_shards(self.root, folder, tensors, chunk_axis, num_chunks, self.max_shard_bytes, meta)
+        total = sum(s.bytes for s in shards)
+        now = _now()
+        where = "document_id = ? AND model_fingerprint = ? AND chunk_size = ? AND dtype = ?"
+        args = [key.document_id, key.model_fingerprint, key.chunk_size, key.dtype]
+        try:
+            with self.db.atomic():
+                old = [r["folder"] for r in self.db.query(f"SELECT folder FROM kv_caches WHERE {where}", args)]
+                self.db.execute(f"DELETE FROM kv_caches WHERE {where}", args)
+                cache_id = self.db["kv_caches"].insert({
+                    "document_id": key.document_id, "model_fingerprint": key.model_fingerprint,
+                    "chunk_size": key.chunk_size, "dtype": key.dtype, "num_chunks": num_chunks,
+                    "num_tokens": num_tokens, "status": "ready", "folder": folder, "bytes": total,
+                    "created_at": now, "last_used_at": now}).last_pk
+                self.db["kv_files"].insert_all([{"cache_id": cache_id, **s.__dict__} for s in shards])
+                self.db["chunks"].insert_all([{"cache_id": cache_id, "document_id": key.document_id, **c.__dict__}
+                                              for c in chunks], batch_size=500)
+        except Exception:
+            shutil.rmtree(self.root / folder, ignore_errors=True)
+            raise
+        for previous in old:  # only once the new cache is committed
+            shutil.rmtree(self.root / previous, ignore_errors=True)
+        with self._verified_lock:
+            self._verified.update(s.path for s in shards)  # just written and hashed
+        self.enforce_budget(keep=cache_id)
+        return self.find_kv(key)
+
+    def load_kv(self, record: KVCacheRecord, chunk_axis: dict[str, int],
+                device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """Reads a cache's tensors; checksums are verified the first time this process reads a file.
+
+        A missing, truncated or corrupted file raises KVFileError after the cache is marked evicted
+        (its files removed), so the caller recomputes it and nothing is answered from bad data.
+        """
+        with self._verified_lock:
+            fresh = not all(s.path in self._verified for s in record.files)
+        try:
+            tensors = read_kv_shards(self.root, list(record.files), chunk_axis, device, verify_hash=fresh)
+        except KVFileError:
+            logger.warning("KV cache %s of document %s is damaged; it will be recomputed", record.id,
+                           record.key.document_id)
+            self.mark_evicted(record.id)
+            raise
+        with self._verified_lock:
+            self._verified.update(s.path for s in record.files)
+        self.touch_kv(record.id)
+        return tensors
+
+    def touch_kv(self, cache_id: int) -> None:
+        self.db.execute("UPDATE kv_caches SET last_used_at = ? WHERE id = ?", [_now(), cache_id])
+
+    def chunks(self, cache_id: int) -> list[ChunkRecord]:
+        return [ChunkRecord(r["ordinal"], r["token_start"], r["token_end"], r["char_start"], r["char_end"],
+                            r["page_start"], r["page_end"], r["text"])
+                for r in self.db.query("SELECT * FROM chunks WHERE cache_id = ? ORDER BY ordinal", [cache_id])]
+
+    def mark_evicted(self, cache_id: int) -> None:
+        """Removes a cache's files; its metadata (chunks) stays and it is re-prefilled on demand."""
+        rows = list(self.db.query("SELECT folder FROM kv_caches WHERE id = ?", [cache_id]))
+        if not rows:
+            return
+        with self.db.atomic():
+            self.db.execute("UPDATE kv_caches SET status = 'evicted', bytes = 0 WHERE id = ?", [cache_id])
+            self.db.execute("DELETE FROM kv_files WHERE cache_id = ?", [cache_id])
+        shutil.rmtree(self.root / rows[0]["folder"], ignore_errors=True)
+
+    def kv_bytes(self) -> int:
+        return next(self.db.query("SELECT COALESCE(SUM(bytes), 0) AS b FROM kv_caches WHERE status = 'ready'"))["b"]
+
+    def enforce_budget(self, keep: int | None = None) -> list[int]:
+        """Evicts least recently used KV caches until the total fits the budget; returns their ids."""
+        if self.kv_budget_bytes is None:
+            return []
+        evicted = []
+        total = self.kv_bytes()
+        for row in self.db.query("SELECT id, bytes FROM kv_caches WHERE status = 'ready' ORDER BY last_used_at"):
+            if total <= self.kv_budget_bytes:
+                break
+            if row["id"] == keep:
+                continue
+            self.mark_evicted(row["id"])
+            total -= row["bytes"]
+            evicted.append(row["id"])
+        return evicted
+
+    # ---- crash recovery ----------------------------------------------------------------------
+
+    def recover(self) -> dict[str, int]:
+        """Removes what an interrupted process left: temporary files, files no ready row refers to,
+        and documents that never became ready. Skipped while another process is writing."""
+        with open(self.root / WRITERS_LOCK, "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return {}
+            return self._recover_locked()
+
+    def _recover_locked(self) -> dict[str, int]:
+        stats = {"temporaries": remove_temporaries(self.root)}
+        with self.db.atomic():
+            stale = self.db.execute("DELETE FROM documents WHERE status != 'ready'").rowcount
+        stats["unfinished_documents"] = stale
+        known_docs = {r["id"] for r in self.db.query("SELECT id FROM documents")}
+        live_folders = {r["folder"] for r in self.db.query("SELECT folder FROM kv_caches WHERE status = 'ready'")}
+        orphans = 0
+        for text in (self.root / "documents").glob("*.txt"):
+            if text.stem not in known_docs:
+                text.unlink(missing_ok=True)
+                orphans += 1
+        for doc_dir in (self.root / "kv").iterdir():
+            for folder in (doc_dir.iterdir() if doc_dir.is_dir() else []):
+                if f"kv/{doc_dir.name}/{folder.name}" not in live_folders:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    orphans += 1
+            if doc_dir.is_dir() and not any(doc_dir.iterdir()):
+                doc_dir.rmdir()
+        stats["orphans"] = orphans
+        if any(stats.values()):
+            logger.info("storage recovery in %s: %s", self.root, stats)
+        return stats
+
+    # ---- conversations -----------------------------------------------------------------------
+
+    def create_conversation(self, title: str) -> str:
+        conv_id = uuid.uuid4().hex
+        now = _now()
+        self.db["conversations"].insert({"id": conv_id, "title": title, "created_at": now, "updated_at": now})
+        return conv_id
+
+    def list_conversations(self) -> list[dict]:
+        return list(self.db.query("SELECT * FROM conversations ORDER BY updated_at DESC"))
+
+    def add_message(self, conversation_id: str, question: str, answer: str, documents: list[str], params: dict,
+                    selected_chunks: list[dict], timings: dict) -> int:
+        now = _now()
+        with self.db.atomic():
+            msg_id = self.db["messages"].insert({
+                "conversation_id": conversation_id, "question": question, "answer": answer,
+                "documents": json.dumps(documents), "params": json.dumps(params),
+                "selected_chunks": json.dumps(selected_chunks), "timings": json.dumps(timings),
+                "created_at": now}).last_pk
+            self.db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", [now, conversation_id])
+        return msg_id
+
+    def messages(self, conversation_id: str) -> list[MessageRecord]:
+        out = []
+        for r in self.db.query("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", [conversation_id]):
+            out.append(MessageRecord(r["id"], r["conversation_id"], r["question"], r["answer"],
+                                     json.loads(r["documents"]), json.loads(r["params"]),
+                                     json.loads(r["selected_chunks"]), json.loads(r["timings"]), r["created_at"]))
+        return out
+
+    def delete_conversation(self, conversation_id: str) -> bool:
+        with self.db.atomic():
+            return self.db.execute("DELETE FROM conversations WHERE id = ?", [conversation_id]).rowcount > 0

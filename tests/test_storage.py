@@ -1,0 +1,371 @@
+"""Storage: real SQLite files, real safetensors files, real second processes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.kv_service import CHUNK_AXIS, DocumentKVService, kv_to_tensors
+from engine import Engine
+from engine.weights import model_fingerprint
+from storage import (
+    ChunkRecord,
+    DocumentStore,
+    KVFileError,
+    KVKey,
+    PageSpan,
+    ResultCache,
+    StorageFullError,
+    TieredKVPool,
+)
+from storage.db import connect, migrations
+
+REPO = Path(__file__).resolve().parents[1]
+TEXT = ("The harbour master logs every ship. " * 30 + "The lighthouse keeper is named Odile Varga. "
+        + "Gulls circle the pier at dawn. " * 30)
+
+
+def _pages(text: str, n: int = 3) -> list[PageSpan]:
+    step = len(text) // n
+    return [PageSpan(i, str(i + 1), i * step, len(text) if i == n - 1 else (i + 1) * step, True) for i in range(n)]
+
+
+def _add(store: DocumentStore, text: str = TEXT, name: str = "harbour.txt") -> str:
+    doc_id = hashlib.sha256(text.encode()).hexdigest()
+    store.add_document(doc_id, name, "text/plain", len(text.encode()), text, _pages(text))
+    return doc_id
+
+
+@pytest.fixture(scope="module")
+def engine(llada_dir):
+    return Engine.from_pretrained(llada_dir, device="cpu")
+
+
+def _service(engine, root, **store_kw):
+    store = DocumentStore(root, **store_kw)
+    return DocumentKVService(engine, store, TieredKVPool("cpu", hot_bytes=1 << 30)), store
+
+
+# ---- schema, documents ----------------------------------------------------------------------------
+
+def test_migrations_apply_to_an_empty_database(tmp_path):
+    db = connect(tmp_path / "x.sqlite")
+    assert {"documents", "pages", "kv_caches", "kv_files", "chunks", "conversations", "messages"} <= set(
+        db.table_names())
+    assert [m.name for m in migrations.applied(db)] == ["m001_initial"]
+    assert db.journal_mode == "wal"
+    assert next(db.query("PRAGMA foreign_keys"))["foreign_keys"] == 1
+    again = connect(tmp_path / "x.sqlite")
+    assert [m.name for m in migrations.pending(again)] == []
+
+
+def test_documents_are_deduplicated_by_content(tmp_path):
+    store = DocumentStore(tmp_path)
+    doc_id = _add(store)
+    record, added = store.add_document(doc_id, "copy.txt", "text/plain", 1, TEXT, _pages(TEXT))
+    assert not added and record.name == "harbour.txt"
+    assert [d.id for d in store.list_documents()] == [doc_id]
+    assert store.document_text(doc_id) == TEXT
+    assert [p.label for p in store.pages(doc_id)] == ["1", "2", "3"]
+
+
+# ---- KV files ----------------------------------------------------------------------------------------
+
+def test_kv_round_trip_is_bitwise_and_sharded(engine, tmp_path):
+    service, store = _service(engine, tmp_path, max_shard_bytes=20_000)
+    doc_id = _add(store)
+    first = service.get(doc_id, chunk_size=32)
+    record = store.find_kv(service.key(doc_id, 32))
+    assert len(record.files) > 1, "small shard limit should split the cache"
+    loaded = DocumentStore(tmp_path).load_kv(record, CHUNK_AXIS)
+    for name, tensor in kv_to_tensors(first).items():
+        assert loaded[name].dtype == tensor.dtype
+        assert torch.equal(loaded[name], tensor.cpu()), name
+    chunks = store.chunks(record.id)
+    assert len(chunks) == first.num_chunks == record.num_chunks
+    assert "Odile Varga" in "".join(c.text for c in chunks)
+    assert chunks[0].page_start == 0 and chunks[-1].page_end == 2
+    assert all(TEXT[c.char_start:c.char_end] == c.text for c in chunks)
+
+
+def test_second_question_hits_the_pool_not_the_disk(engine, tmp_path):
+    service, store = _service(engine, tmp_path)
+    doc_id = _add(store)
+    service.get(doc_id, 32)
+    service.get(doc_id, 32)
+    c = service.pool.counters
+    assert (c.prefills, c.loads, c.hits_hot) == (1, 0, 1)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_damaged_kv_file_is_detected_and_recomputed(engine, tmp_path, damage):
+    service, store = _service(engine, tmp_path)
+    doc_id = _add(store)
+    original = service.get(doc_id, 32)
+    record = store.find_kv(service.key(doc_id, 32))
+    path = tmp_path / record.files[0].path
+    if damage == "flip":
+        data = bytearray(path.read_bytes())
+        data[-100] ^= 0xFF  # inside the tensor data: only the checksum can tell
+        path.write_bytes(bytes(data))
+    elif damage == "truncate":
+        path.write_bytes(path.read_bytes()[:-64])
+    else:
+        path.unlink()
+    fresh_store = DocumentStore(tmp_path)  # a new process: nothing verified yet, nothing pooled
+    with pytest.raises(KVFileError):
+        fresh_store.load_kv(record, CHUNK_AXIS)
+    assert fresh_store.find_kv(service.key(doc_id, 32)) is None  # marked evicted, not answered from
+    fresh = DocumentKVService(engine, fresh_store, TieredKVPool("cpu", 1 << 30))
+    again = fresh.get(doc_id, 32)
+    assert fresh.pool.counters.prefills == 1
+    assert torch.equal(again.keys, original.keys)
+
+
+def test_interrupted_writes_leave_nothing_visible(engine, tmp_path):
+    service, store = _service(engine, tmp_path)
+    doc_id = _add(store)
+    service.get(doc_id, 32)
+    kv_dir = tmp_path / "kv" / doc_id
+    # What a kill leaves: a temporary folder (before the rename) and a renamed folder without its
+    # database row (between rename and commit), and a half-written text file.
+    (kv_dir / "abc-c64-float32.tmp-1234abcd").mkdir()
+    (kv_dir / "abc-c64-float32.tmp-1234abcd" / "kv-0000-of-0001.safetensors").write_bytes(b"partial")
+    (kv_dir / "deadbeef-c16-float32").mkdir()
+    (tmp_path / "documents" / "x.txt.tmp-00000000").write_text("half")
+    stats = DocumentStore(tmp_path).last_recovery
+    assert stats["temporaries"] == 2 and stats["orphans"] == 1
+    assert sorted(p.name for p in kv_dir.iterdir()) == [Path(store.find_kv(service.key(doc_id, 32)).folder).name]
+
+
+WRITER = textwrap.dedent("""
+    import hashlib, sys, torch
+    from storage import DocumentStore, KVKey, ChunkRecord, PageSpan
+    store = DocumentStore(sys.argv[1], max_shard_bytes=1 << 20)
+    text = "x" * 100
+    doc = hashlib.sha256(text.encode()).hexdigest()
+    store.add_document(doc, "x.txt", "text/plain", 100, text, [PageSpan(0, "1", 0, 100, True)])
+    axis = {"keys": 1}
+    i = 0
+    print("ready", flush=True)
+    while True:
+        key = KVKey(doc, f"fp{i % 3}", 16, "float32")
+        store.save_kv(key, {"keys": torch.full((2, 64, 4, 16, 64), float(i))}, axis,
+                      [ChunkRecord(j, 0, 1, 0, 1, 0, 0, "x") for j in range(64)], 64)
+        i += 1
+""")
+
+
+def test_process_killed_mid_write_leaves_a_consistent_store(tmp_path):
+    """A writer SIGKILLed at arbitrary moments: every ready cache is whole, debris is removed."""
+    for attempt in range(3):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
+                                env=os.environ | {"PYTHONPATH": str(REPO)})
+        assert proc.stdout.readline().strip() == b"ready"
+        time.sleep(0.3 + 0.2 * attempt)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        store = DocumentStore(tmp_path)  # recovery runs here
+        assert not list(tmp_path.rglob("*.tmp-*"))
+        doc = store.list_documents()[0].id
+        for record in store.caches_of(doc):
+            if record.status == "ready":
+                tensors = store.load_kv(record, {"keys": 1})  # full checksum verification
+                assert tensors["keys"].shape == (2, 64, 4, 16, 64)
+                assert len(torch.unique(tensors["keys"])) == 1  # one write, not a mix of two
+
+
+def test_delete_leaves_no_rows_and_no_files(engine, tmp_path):
+    service, store = _service(engine, tmp_path)
+    doc_id = _add(store)
+    service.get(doc_id, 32)
+    service.get(doc_id, 16)
+    service.forget(doc_id)
+    assert store.delete_document(doc_id)
+    for table in ("documents", "pages", "kv_caches", "kv_files", "chunks"):
+        assert store.db[table].count == 0, table
+    assert list((tmp_path / "documents").iterdir()) == []
+    assert list((tmp_path / "kv").iterdir()) == []
+    assert service.pool.usage()["hot_entries"] == 0
+
+
+def test_budget_evicts_least_recently_used_kv(engine, tmp_path):
+    service, store = _service(engine, tmp_path)
+    a = _add(store)
+    b = _add(store, TEXT.replace("Odile", "Ines"), "b.txt")
+    service.get(a, 32)
+    size = store.kv_bytes()
+    store.kv_budget_bytes = int(size * 1.5)  # room for one cache
+    service.get(b, 32)
+    assert store.find_kv(service.key(a, 32)) is None
+    assert store.find_kv(service.key(b, 32)) is not None
+    evicted = [r for r in store.caches_of(a) if r.status == "evicted"]
+    assert len(evicted) == 1 and len(store.chunks(evicted[0].id)) > 0  # metadata stays
+    assert not (tmp_path / evicted[0].folder).exists()
+    assert store.kv_bytes() <= store.kv_budget_bytes
+    # On demand, the evicted document is prefilled again (the pool still holds it here, so drop it).
+    service.pool.drop(service.key(a, 32))
+    service.get(a, 32)
+    assert service.pool.counters.prefills == 3
+
+
+def test_chunk_size_change_keeps_old_cache_until_new_is_complete(engine, tmp_path):
+    service, store = _service(engine, tmp_path)
+    doc_id = _add(store)
+    service.get(doc_id, 32)
+    old = store.find_kv(service.key(doc_id, 32))
+    service.get(doc_id, 64)
+    assert store.find_kv(service.key(doc_id, 32)) == old  # untouched
+    assert store.find_kv(service.key(doc_id, 64)).num_chunks < old.num_chunks
+
+
+# ---- restart and two processes -------------------------------------------------------------------
+
+ASKER = textwrap.dedent("""
+    import json, sys
+    from app.kv_service import DocumentKVService
+    from engine import AnswerParams, Engine, SamplingParams
+    from storage import DocumentStore, TieredKVPool
+    engine = Engine.from_pretrained(sys.argv[1], device="cpu")
+    store = DocumentStore(sys.argv[2])
+    service = DocumentKVService(engine, store, TieredKVPool("cpu", 1 << 30))
+    doc = store.list_documents()[0].id
+    kv = service.get(doc, 32)
+    res = engine.answer(kv, "Who keeps the lighthouse?",
+                        AnswerParams(top_k=2, sampling=SamplingParams(gen_length=8, block_length=8)))
+    print(json.dumps(service.pool.counters.snapshot()))
+""")
+
+
+def _ask_in_subprocess(model_dir, data_dir):
+    return subprocess.Popen([sys.executable, "-c", ASKER, str(model_dir), str(data_dir)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=os.environ | {"PYTHONPATH": str(REPO)})
+
+
+def test_restart_answers_without_prefill(llada_dir, tmp_path):
+    store = DocumentStore(tmp_path)
+    _add(store)
+    first = _ask_in_subprocess(llada_dir, tmp_path)
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["prefills"] == 1
+    second = _ask_in_subprocess(llada_dir, tmp_path)
+    out, err = second.communicate(timeout=300)
+    assert second.returncode == 0, err
+    counters = json.loads(out.strip().splitlines()[-1])
+    assert counters["prefills"] == 0 and counters["loads"] == 1
+
+
+def test_two_processes_read_the_same_store(llada_dir, engine, tmp_path):
+    service, store = _service(engine, tmp_path)
+    _add(store)
+    service.get(_add(store), 32)
+    procs = [_ask_in_subprocess(llada_dir, tmp_path) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+        assert json.loads(out.strip().splitlines()[-1])["loads"] == 1
+
+
+# ---- a full disk -------------------------------------------------------------------------------------
+
+FULL_DISK = textwrap.dedent("""
+    import resource, signal, sys, torch, hashlib
+    from storage import DocumentStore, KVKey, ChunkRecord, PageSpan, StorageFullError
+    store = DocumentStore(sys.argv[1])
+    doc = store.list_documents()[0].id
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # no file may exceed 1 MiB
+    try:
+        store.save_kv(KVKey(doc, "fp", 16, "float32"), {"keys": torch.zeros(2, 8, 4, 16, 1024)}, {"keys": 1},
+                      [ChunkRecord(j, 0, 1, 0, 1, 0, 0, "x") for j in range(8)], 8)
+    except StorageFullError as exc:
+        print("FULL:", exc)
+""")
+
+
+def test_full_disk_is_a_clear_error_and_changes_nothing(tmp_path):
+    store = DocumentStore(tmp_path)
+    _add(store)
+    before = {t: store.db[t].count for t in ("kv_caches", "kv_files", "chunks")}
+    res = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                         env=os.environ | {"PYTHONPATH": str(REPO)}, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("FULL: no space left to store the KV cache")
+    after = {t: DocumentStore(tmp_path).db[t].count for t in before}
+    assert after == before
+    assert not list((tmp_path / "kv").rglob("*.safetensors"))
+
+
+def test_full_tmpfs_is_a_clear_error(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    store = None
+    try:
+        store = DocumentStore(mount)
+        doc_id = _add(store)
+        with pytest.raises(StorageFullError, match="no space left"):
+            store.save_kv(KVKey(doc_id, "fp", 16, "float32"), {"keys": torch.zeros(2, 8, 4, 16, 4096)},
+                          {"keys": 1}, [ChunkRecord(j, 0, 1, 0, 1, 0, 0, "x") for j in range(8)], 8)
+        assert store.db["kv_caches"].count == 0
+        assert not list((mount / "kv").rglob("*.safetensors"))
+    finally:
+        del store
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+# ---- pool, fingerprint, memo ---------------------------------------------------------------------
+
+def test_pool_lru_and_counters_on_cpu():
+    pool = TieredKVPool("cpu", hot_bytes=3 * 4000)
+    entry = lambda v: {"keys": torch.full((1000,), float(v))}  # noqa: E731  4000 bytes
+    for i in range(3):
+        pool.put(i, entry(i), source="disk")
+    assert pool.get(0) is not None  # 0 becomes most recent
+    pool.put(3, entry(3), source="prefill")  # evicts 1, the least recently used
+    assert pool.tier_of(1) is None and pool.tier_of(0) == "hot"
+    c = pool.counters.snapshot()
+    assert c["loads"] == 3 and c["prefills"] == 1 and c["hits_hot"] == 1 and c["evictions_hot"] == 1
+    assert pool.usage()["hot_bytes"] <= pool.hot_bytes
+
+
+def test_fingerprint_tracks_config_tokenizer_and_weights(dream_dir, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(dream_dir, copy)
+    assert model_fingerprint(copy) == model_fingerprint(dream_dir)
+    cfg = json.loads((copy / "config.json").read_text())
+    cfg["rope_theta"] = 10.0
+    (copy / "config.json").write_text(json.dumps(cfg))
+    assert model_fingerprint(copy) != model_fingerprint(dream_dir)
+    shutil.copytree(dream_dir, tmp_path / "w", dirs_exist_ok=True)
+    shard = sorted((tmp_path / "w").glob("model-*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    data[-10] ^= 1
+    shard.write_bytes(bytes(data))
+    assert model_fingerprint(tmp_path / "w") != model_fingerprint(dream_dir)
+
+
+def test_result_cache_is_bounded_json(tmp_path):
+    cache = ResultCache(tmp_path / "memo", size_limit_bytes=200_000)
+    cache.set("answer", "k1", {"text": "Odile", "chunks": [1, 2]})
+    assert cache.get("answer", "k1") == {"text": "Odile", "chunks": [1, 2]}
+    for i in range(200):
+        cache.set("text", str(i), "x" * 5000)
+    assert cache.volume() < 400_000
+    assert cache.get("answer", "missing") is None

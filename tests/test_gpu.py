@@ -68,3 +68,40 @@ def test_full_size_dream_layer_bf16_matches_fp32():
     # ulp, 0.03) is already coarser than an absolute 1.5e-2 (see scripts/gpu_foundation_check.py).
     err = bf16_error(out16, out32)
     assert err["rel_max"] <= 1.5e-2 and err["rel_rms"] <= 1.5e-2, err
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
+def test_method_on_gpu_matches_cpu(family, dream_dir, llada_dir):
+    """The whole method (prefill, scoring, selection, static decoding) on CUDA, fp32, equals CPU."""
+    from engine import AnswerParams, SamplingParams
+
+    folder = dream_dir if family == "dream" else llada_dir
+    ids = torch.randint(5, 300, (200,), generator=torch.Generator().manual_seed(0)).tolist()
+    params = AnswerParams(top_k=3, token_budget=8,
+                          sampling=SamplingParams(gen_length=16, block_length=8, stop_at_eos=False))
+    results = []
+    for device in ("cpu", "cuda"):
+        engine = Engine.from_pretrained(folder, device=device, dtype=torch.float32)
+        doc = engine.prefill(ids, chunk_size=32)
+        results.append(engine.answer(doc, "Which river?", params))
+    cpu, gpu = results
+    assert cpu.trace.selected == gpu.trace.selected
+    assert cpu.answer_ids == gpu.answer_ids
+    torch.testing.assert_close(torch.tensor(gpu.trace.scores), torch.tensor(cpu.trace.scores), atol=1e-4, rtol=1e-4)
+    bf16 = Engine.from_pretrained(folder, device="cuda")
+    res = bf16.answer(bf16.prefill(ids, chunk_size=32), "Which river?", params)
+    assert res.trace.steps >= 2 and all(torch.isfinite(torch.tensor(res.trace.scores)))
+
+
+def test_pool_warm_tier_uses_pinned_memory():
+    from storage import TieredKVPool
+
+    pool = TieredKVPool("cuda", hot_bytes=2 * 4000, warm_bytes=2 * 4000)
+    for i in range(3):
+        out = pool.put(i, {"keys": torch.full((1000,), float(i))}, source="disk")
+        assert out["keys"].is_cuda
+    assert pool.tier_of(0) == "warm"
+    assert pool._warm[0]["keys"].is_pinned()
+    got = pool.get(0)
+    assert got["keys"].is_cuda and float(got["keys"][0]) == 0.0
+    assert pool.counters.hits_warm == 1 and pool.counters.evictions_hot >= 1

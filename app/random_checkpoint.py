@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from engine.config import ModelConfig
-from engine.weights import INDEX_FILE, checkpoint_name_map, random_state_dict
+from engine.weights import random_state_dict, save_weights
 
 # Qwen2's pre-tokenizer split pattern (contractions, letters, single digits, punctuation, spaces).
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
@@ -142,26 +141,7 @@ def write_random_checkpoint(folder: str | Path, family: str, shape: TinyShape = 
 def write_random_weights(folder: Path, cfg: ModelConfig, seed: int = 0,
                          max_shard_bytes: int = 200_000, std: float = 0.05) -> None:
     """Random weights under the checkpoint's own tensor names, in bf16 shards with an index."""
-    ours = random_state_dict(cfg, seed, std)
-    tensors = {src: ours[dst].to(torch.bfloat16).contiguous()
-               for src, dst in checkpoint_name_map(cfg).items()}
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t
-        size += nbytes
-    weight_map = {}
-    for i, shard in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(folder / fname), metadata={"format": "pt"})
-        weight_map |= {name: fname for name in shard}
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    (folder / INDEX_FILE).write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    save_weights(folder, cfg, random_state_dict(cfg, seed, std), max_shard_bytes)
 
 
 def _dump(path: Path, obj: dict) -> None:
@@ -206,11 +186,10 @@ def _write_dream_files(folder: Path, cfg: ModelConfig, tok: Tokenizer, ids: dict
     })
 
 
-def _write_llada_files(folder: Path, cfg: ModelConfig, tok: Tokenizer, ids: dict[str, int]) -> None:
-    _dump(folder / "config.json", {
+def llada_config_json(cfg: ModelConfig) -> dict:
+    """LLaDA's config.json fields for `cfg` (OLMo names, as the official checkpoints have them)."""
+    return {
         "architectures": ["LLaDAModelLM"], "model_type": "llada",
-        "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig",
-                     "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM"},
         "d_model": cfg.hidden_size, "n_layers": cfg.num_layers, "n_heads": cfg.num_heads,
         "n_kv_heads": cfg.num_kv_heads, "mlp_hidden_size": cfg.intermediate_size, "mlp_ratio": 4,
         "activation_type": "silu", "block_type": "llama", "block_group_size": 1,
@@ -219,11 +198,15 @@ def _write_llada_files(folder: Path, cfg: ModelConfig, tok: Tokenizer, ids: dict
         "include_qkv_bias": False, "rope": True, "rope_full_precision": True,
         "rope_theta": cfg.rope_theta, "alibi": False, "flash_attention": False,
         "max_sequence_length": cfg.max_position_embeddings, "vocab_size": cfg.vocab_size,
-        "embedding_size": cfg.vocab_size, "weight_tying": False, "scale_logits": False,
+        "embedding_size": cfg.vocab_size, "weight_tying": cfg.tie_word_embeddings, "scale_logits": False,
         "input_emb_norm": False, "eos_token_id": cfg.eos_token_id,
         "pad_token_id": cfg.eos_token_id, "mask_token_id": cfg.mask_token_id,
         "precision": "amp_bf16", "use_cache": False, "init_device": "meta",
-    })
+    }
+
+
+def _write_llada_files(folder: Path, cfg: ModelConfig, tok: Tokenizer, ids: dict[str, int]) -> None:
+    _dump(folder / "config.json", llada_config_json(cfg))
     _dump(folder / "generation_config.json", {"bos_token_id": cfg.bos_token_id,
                                               "eos_token_id": cfg.eos_token_id})
     tok.save(str(folder / "tokenizer.json"))

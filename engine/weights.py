@@ -261,3 +261,33 @@ def model_fingerprint(folder: str | Path) -> str:
                 f.seek(offset)
                 h.update(f.read(1 << 20))
     return h.hexdigest()
+
+
+def save_weights(folder: str | Path, cfg: ModelConfig, state: dict[str, torch.Tensor],
+                 max_shard_bytes: int = 15_000_000, dtype: torch.dtype = torch.bfloat16) -> list[Path]:
+    """Writes our-named parameters under the checkpoint's own names: safetensors shards + index."""
+    import json
+
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    tensors = {src: state[dst].detach().to("cpu", dtype).contiguous() for src, dst in checkpoint_name_map(cfg).items()}
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    weight_map, paths = {}, []
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(folder / fname), metadata={"format": "pt"})
+        weight_map |= {name: fname for name in shard}
+        paths.append(folder / fname)
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    (folder / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                                indent=2))
+    return paths

@@ -1,0 +1,5 @@
+from app.sentences import split_sentences
+
+
+def sent_tokenize(text, language="english"):
+    return split_sentences(text)

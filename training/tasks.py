@@ -1,0 +1,305 @@
+"""Training examples for the bundled model, in the exact token layout of inference.
+
+An example is [prefix] [chunk_1 .. chunk_K] [query] [answer], the chunks BOS-prefixed and of at
+most C tokens; `collate` turns a batch into tensors with positions (chunk j at P + j*C, the
+query after the K chunks: `continuous` mode) and the roles that define the attention mask (see
+`attention_mask`). A "scoring" example is [chunk] [query] at local positions, as the chunk scorer
+sees it, with the question's tokens as the only targets.
+
+Tasks: needle retrieval in RULER's wording (single, multi-key, multi-value, multi-query; numbers,
+words, UUIDs as keys and values; essay, repeated and needle haystacks), key-value retrieval,
+extractive QA over HotpotQA paragraphs, and "which document mentions X".
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass
+
+import torch
+
+ROLE_PAD, ROLE_PREFIX, ROLE_CHUNK, ROLE_QUERY, ROLE_ANSWER = -1, 0, 1, 2, 3
+REPEAT_HAYSTACK = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+
+
+@dataclass
+class Example:
+    chunks: list[list[int]]  # content tokens per chunk (BOS added at collate), document order
+    question_ids: list[int]
+    answer_ids: list[int]
+    scoring: bool = False  # [chunk][query] layout, question tokens as targets
+
+
+@dataclass(frozen=True)
+class Layout:
+    prefix: list[int]
+    query_head: list[int]
+    query_tail: list[int]
+    bos: int
+    eos: int
+    mask: int
+    pad: int
+
+
+class TaskSampler:
+    """Draws training examples from the prepared corpus (see training/prepare.py)."""
+
+    def __init__(self, corpus: dict, encode, decode, layout: Layout, chunk_size: int, answer_len: int,
+                 seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.encode, self.decode = encode, decode  # str -> list[int], list[int] -> str
+        self.layout, self.c, self.answer_len = layout, chunk_size, answer_len
+        self.sent_tok, self.sent_off = corpus["essay_sentences"]["tokens"], corpus["essay_sentences"]["offsets"]
+        self.par_tok, self.par_off = corpus["paragraphs"]["tokens"], corpus["paragraphs"]["offsets"]
+        self.titles = corpus["paragraph_titles"]
+        self.qa = corpus["qa"]
+        self.adjs, self.nouns = corpus["adjectives"], corpus["nouns"]
+        self._repeat = self.encode(" " + REPEAT_HAYSTACK)
+
+    # ---- random values in RULER's formats --------------------------------------------------------
+
+    def _value(self, kind: str) -> str:
+        r = self.rng
+        if kind == "numbers":
+            return str(r.randint(10**6, 10**7 - 1))
+        if kind == "words":
+            return f"{r.choice(self.adjs)}-{r.choice(self.nouns)}"
+        return str(uuid.UUID(int=r.getrandbits(128), version=4))
+
+    def _sentence(self, i: int) -> list[int]:
+        return self.sent_tok[self.sent_off[i]:self.sent_off[i + 1]].tolist()
+
+    def _filler(self, n: int, haystack: str) -> list[list[int]]:
+        """Sentences totalling at least n tokens."""
+        out, total = [], 0
+        if haystack == "essay":
+            i = self.rng.randrange(len(self.sent_off) - 1)
+            while total < n:
+                s = self._sentence(i % (len(self.sent_off) - 1))
+                out.append(s)
+                total += len(s)
+                i += 1
+        elif haystack == "repeat":
+            while total < n:
+                out.append(self._repeat)
+                total += len(self._repeat)
+        else:  # "needle": a haystack of other needles
+            while total < n:
+                kind = self.rng.choice(["numbers", "words"])
+                s = self.encode(f" One of the special magic {kind} for {self._value('words')} is: {self._value(kind)}.")
+                out.append(s)
+                total += len(s)
+        return out
+
+    def _chunk_with(self, needles: list[list[int]], haystack: str) -> list[int]:
+        """C-1 content tokens of haystack with the needles inserted at sentence boundaries."""
+        room = self.c - 1
+        need = sum(len(x) for x in needles)
+        assert need < room, "needles longer than a chunk"
+        sents = self._filler(room - need + 8, haystack)
+        for needle in needles:
+            sents.insert(self.rng.randrange(len(sents) + 1), needle)
+        flat = [t for s in sents for t in s]
+        if len(flat) > room:  # cut filler, never a needle: drop tokens from an end away from them
+            start = self.rng.randrange(0, len(flat) - room + 1)
+            needle_spans = self._spans(sents, needles)
+            lo = min(a for a, _ in needle_spans)
+            hi = max(b for _, b in needle_spans)
+            start = min(max(start, hi - room), lo)
+            flat = flat[start:start + room]
+        return flat
+
+    @staticmethod
+    def _spans(sents, needles):
+        spans, pos = [], 0
+        ids = {id(n) for n in needles}
+        for s in sents:
+            if id(s) in ids:
+                spans.append((pos, pos + len(s)))
+            pos += len(s)
+        return spans or [(0, 0)]
+
+    def _answer(self, text: str) -> list[int]:
+        ids = self.encode(text.strip())[: self.answer_len - 1]
+        return ids + [self.layout.eos] * (self.answer_len - len(ids))
+
+    # ---- tasks -------------------------------------------------------------------------------------
+
+    def niah(self, k: int) -> Example:
+        for _ in range(20):
+            example = self._niah_once(k)
+            if example is not None:
+                return example
+        raise RuntimeError("could not fit needles into the chunks")
+
+    def _niah_once(self, k: int) -> Example | None:
+        r = self.rng
+        variant = r.choices(["single", "multikey", "multivalue", "multiquery"], [4, 3, 2, 2])[0]
+        haystack = r.choices(["essay", "repeat", "needle"], [6, 2, 1])[0]
+        key_kind = r.choices(["words", "numbers", "uuids"], [6, 1, 2])[0]
+        val_kind = r.choices(["numbers", "words", "uuids"], [5, 2, 3])[0]
+        n_keys = {"single": 1, "multikey": r.randint(2, 4), "multivalue": 1, "multiquery": r.randint(2, 4)}[variant]
+        n_vals = r.randint(2, 4) if variant == "multivalue" else 1
+        keys = [self._value(key_kind) for _ in range(n_keys)]
+        needles = []  # (chunk, key index, value, tokens)
+        for ki, key in enumerate(keys):
+            for _ in range(n_vals):
+                value = self._value(val_kind)
+                text = f" One of the special magic {val_kind} for {key} is: {value}."
+                needles.append((r.randrange(k), ki, value, self.encode(text)))
+        queried = list(range(n_keys)) if variant == "multiquery" else [0]
+        per_chunk: list[list] = [[] for _ in range(k)]
+        for n in needles:
+            per_chunk[n[0]].append(n)
+        # Too many needles for one chunk: spread them round robin.
+        if any(sum(len(x[3]) for x in p) > self.c - 24 for p in per_chunk):
+            per_chunk = [needles[i::k] for i in range(k)]
+            if any(sum(len(x[3]) for x in p) > self.c - 24 for p in per_chunk):
+                return None  # too many long needles for k chunks: draw again
+        chunks = [self._chunk_with([n[3] for n in p], haystack) for p in per_chunk]
+        order = [n for p in per_chunk for n in p]  # document order
+        if variant == "multiquery":
+            answer = ", ".join(n[2] for qi in queried for n in order if n[1] == qi)
+            keys_text = ", ".join(keys[:-1]) + ", and " + keys[-1]
+            question = f"What are all the special magic {val_kind} for {keys_text} mentioned in the provided text?"
+        elif variant == "multivalue":
+            answer = ", ".join(n[2] for n in order if n[1] == 0)
+            question = f"What are all the special magic {val_kind} for {keys[0]} mentioned in the provided text?"
+        else:
+            answer = next(n[2] for n in order if n[1] == 0)
+            question = f"What is the special magic {val_kind[:-1]} for {keys[0]} mentioned in the provided text?"
+        return Example(chunks, self.encode(question), self._answer(answer))
+
+    def kv_retrieval(self, k: int) -> Example:
+        r = self.rng
+        pairs_per_chunk = max(1, (self.c - 1) // 46)
+        chunks, target = [], None
+        hit = r.randrange(k)
+        for j in range(k):
+            lines = []
+            for _ in range(pairs_per_chunk):
+                key, value = self._value("uuids"), self._value("uuids")
+                lines.append((key, value))
+            if j == hit:
+                target = r.choice(lines)
+            ids = self.encode(" " + " ".join(f'"{a}": "{b}",' for a, b in lines))[: self.c - 1]
+            chunks.append(ids)
+        question = f'What is the value associated with the key "{target[0]}"?'
+        return Example(chunks, self.encode(question), self._answer(target[1]))
+
+    def _paragraph(self, i: int, number: int) -> list[int]:
+        header = self.encode(f"Document {number}:\n")
+        return (header + self.par_tok[self.par_off[i]:self.par_off[i + 1]].tolist())[: self.c - 1]
+
+    def hotpot(self, k: int) -> Example:
+        r = self.rng
+        for _ in range(20):
+            qa = r.choice(self.qa)
+            answer = self.encode(qa["answer"])
+            if qa["gold"] and len(answer) < self.answer_len - 1:
+                break
+        gold = list(dict.fromkeys(qa["gold"]))[:k]
+        others = [p for p in qa["paragraphs"] if p not in gold]
+        r.shuffle(others)
+        picked = gold + others[: max(0, k - len(gold))]
+        while len(picked) < k:
+            picked.append(r.randrange(len(self.par_off) - 1))
+        r.shuffle(picked)
+        chunks = [self._paragraph(p, n + 1) for n, p in enumerate(picked)]
+        return Example(chunks, self.encode(qa["question"]), self._answer(qa["answer"]))
+
+    def which_document(self, k: int) -> Example:
+        r = self.rng
+        picked = [r.randrange(len(self.par_off) - 1) for _ in range(k)]
+        target = r.randrange(k)
+        tokens = self.par_tok[self.par_off[picked[target]]:self.par_off[picked[target] + 1]].tolist()
+        start = r.randrange(max(1, min(len(tokens), self.c - 20) - 6))
+        phrase = self.decode(tokens[start:start + r.randint(3, 6)])
+        chunks = [self._paragraph(p, n + 1) for n, p in enumerate(picked)]
+        question = f'Which document mentions "{phrase.strip()}"?'
+        return Example(chunks, self.encode(question), self._answer(f"Document {target + 1}"))
+
+    def sample(self, k: int, scoring_share: float = 0.2) -> Example:
+        r = self.rng
+        task = r.choices([self.niah, self.kv_retrieval, self.hotpot, self.which_document], [10, 2, 3, 2])[0]
+        ex = task(k)
+        if r.random() < scoring_share:
+            # The scorer's view: one of the example's chunks (relevant or not) and the question as
+            # the target, so that the question's likelihood learns to depend on the chunk.
+            ex = Example([ex.chunks[r.randrange(len(ex.chunks))]], ex.question_ids, [], scoring=True)
+        return ex
+
+
+def collate(examples: list[Example], layout: Layout, chunk_size: int, question_loss_share: float,
+            rng: random.Random) -> dict[str, torch.Tensor]:
+    """Pads a batch into tensors: ids, positions, segment ids, roles and the denoising targets."""
+    rows = []
+    for ex in examples:
+        ids, pos, seg, role = [], [], [], []
+        if not ex.scoring:
+            p = len(layout.prefix)
+            ids += layout.prefix
+            pos += list(range(p))
+            seg += [0] * p
+            role += [ROLE_PREFIX] * p
+            base = p
+        else:
+            base = 0
+        for j, chunk in enumerate(ex.chunks):
+            c_ids = [layout.bos] + chunk
+            ids += c_ids
+            start = base + j * chunk_size if not ex.scoring else 0
+            pos += list(range(start, start + len(c_ids)))
+            seg += [j + 1] * len(c_ids)
+            role += [ROLE_CHUNK] * len(c_ids)
+        q = layout.query_head + ex.question_ids + layout.query_tail
+        q_start = base + len(ex.chunks) * chunk_size if not ex.scoring else len(ex.chunks[0]) + 1
+        q_lo = len(ids) + len(layout.query_head)
+        q_hi = q_lo + len(ex.question_ids)
+        ids += q
+        pos += list(range(q_start, q_start + len(q)))
+        seg += [-2] * len(q)
+        role += [ROLE_QUERY] * len(q)
+        a_lo = len(ids)
+        ids += ex.answer_ids
+        a_start = q_start + len(q)
+        pos += list(range(a_start, a_start + len(ex.answer_ids)))
+        seg += [-3] * len(ex.answer_ids)
+        role += [ROLE_ANSWER] * len(ex.answer_ids)
+        target = [False] * len(ids)
+        for i in range(a_lo, len(ids)):
+            target[i] = True
+        if ex.scoring or rng.random() < question_loss_share:
+            for i in range(q_lo, q_hi):
+                target[i] = True
+        rows.append((ids, pos, seg, role, target))
+    t = max(len(r[0]) for r in rows)
+    b = len(rows)
+    out = {"ids": torch.full((b, t), layout.pad), "positions": torch.zeros(b, t, dtype=torch.long),
+           "segments": torch.full((b, t), -1), "roles": torch.full((b, t), ROLE_PAD),
+           "targets": torch.zeros(b, t, dtype=torch.bool)}
+    for i, (ids, pos, seg, role, target) in enumerate(rows):
+        n = len(ids)
+        out["ids"][i, :n] = torch.tensor(ids)
+        out["positions"][i, :n] = torch.tensor(pos)
+        out["segments"][i, :n] = torch.tensor(seg)
+        out["roles"][i, :n] = torch.tensor(role)
+        out["targets"][i, :n] = torch.tensor(target)
+    return out
+
+
+def attention_mask(roles: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
+    """bool [B, 1, T, T] reproducing inference: prefix and each chunk see only themselves, the
+    query sees prefix, chunks and query, the answer sees everything; padding is never a key."""
+    r_row, r_key = roles[:, :, None], roles[:, None, :]
+    same_seg = segments[:, :, None] == segments[:, None, :]
+    allowed = ((r_row == ROLE_PREFIX) & (r_key == ROLE_PREFIX)) \
+        | ((r_row == ROLE_CHUNK) & same_seg) \
+        | ((r_row == ROLE_QUERY) & (r_key >= ROLE_PREFIX) & (r_key <= ROLE_QUERY)) \
+        | ((r_row == ROLE_ANSWER) & (r_key >= ROLE_PREFIX))
+    pad_rows = (roles == ROLE_PAD)[:, :, None]
+    first_key = torch.zeros_like(allowed)
+    first_key[..., 0] = True
+    allowed = torch.where(pad_rows, first_key, allowed)  # padding rows: any visible key, never read
+    return allowed[:, None]

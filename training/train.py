@@ -1,0 +1,241 @@
+"""Trains the bundled model (docqa-tiny): masked diffusion on the answer, in the inference layout.
+
+    python -m training.train --data .train-data --model-dir models/docqa-tiny --minutes 8 \
+        [--resume CHECKPOINT.pt] [--checkpoint CHECKPOINT.pt]
+
+Objective (LLaDA SFT): per example t ~ U(eps, 1); every answer token (and, in part of the batch,
+every question token) is masked with probability t; the loss is the cross-entropy on the masked
+tokens weighted 1/t, averaged over the example's target tokens. Attention reproduces inference
+(training/tasks.py: `attention_mask`), so `static` decoding over independently encoded chunks is
+in distribution. Curriculum over K, the number of chunks: 1, then 2, then mostly 4.
+fp32 master weights with bf16 autocast (pure bf16 parameters stalled in the probe). Seeded.
+The run is bounded by wall-clock minutes and can resume from its checkpoint (weights, optimizer,
+step, elapsed time), so a long training is a series of runs under 10 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+
+from app.random_checkpoint import llada_config_json
+from engine.attention import BACKENDS, dense_mask
+from engine.config import ModelConfig
+from engine.model import DiffusionLM
+from engine.prompting import build_question_prompt
+from engine.weights import save_weights
+from training.tasks import Layout, TaskSampler, attention_mask, collate
+
+CHUNK_SIZE = 128
+ANSWER_LEN = 64
+# (fraction of training time at which the stage starts, chunk counts drawn in it)
+CURRICULUM = [(0.0, [1]), (0.12, [1, 2]), (0.3, [2, 4, 4]), (0.5, [1, 2, 4, 4, 4, 4])]
+
+
+def model_config(tok: Tokenizer) -> ModelConfig:
+    ids = {t: tok.token_to_id(t) for t in ("<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "<|eot_id|>")}
+    return ModelConfig(
+        family="llada", vocab_size=tok.get_vocab_size(), hidden_size=384, intermediate_size=1152, num_layers=8,
+        num_heads=6, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5, rope_theta=10000.0, rope_in_fp32=True,
+        max_position_embeddings=4096, mask_token_id=ids["<|mdm_mask|>"], bos_token_id=ids["<|startoftext|>"],
+        eos_token_id=ids["<|endoftext|>"], eot_token_id=ids["<|eot_id|>"], pad_token_id=ids["<|endoftext|>"])
+
+
+def make_layout(model_dir: Path, cfg: ModelConfig) -> Layout:
+    import transformers
+
+    hf_tok = transformers.PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+    prompt = build_question_prompt(hf_tok, "QUESTION", cfg.bos_token_id)
+    q = prompt.query_ids
+    head, tail = q[:prompt.question_span[0]], q[prompt.question_span[1]:]
+    return Layout(prefix=prompt.prefix_ids, query_head=head, query_tail=tail, bos=cfg.bos_token_id,
+                  eos=cfg.eos_token_id, mask=cfg.mask_token_id, pad=cfg.pad_token_id)
+
+
+class Batches(torch.utils.data.IterableDataset):
+    """Endless batches; each worker has its own seeded sampler; the stage comes from a shared value."""
+
+    def __init__(self, corpus_path, model_dir, cfg, layout, batch_size, seed, stage) -> None:
+        self.corpus_path, self.model_dir, self.cfg = corpus_path, model_dir, cfg
+        self.layout, self.batch_size, self.seed, self.stage = layout, batch_size, seed, stage
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        wid = info.id if info else 0
+        corpus = torch.load(self.corpus_path, weights_only=False)
+        tok = Tokenizer.from_file(str(Path(self.model_dir) / "tokenizer.json"))
+        sampler = TaskSampler(corpus, lambda s: tok.encode(s).ids, lambda ids: tok.decode(ids), self.layout,
+                              CHUNK_SIZE, ANSWER_LEN, seed=self.seed * 1000 + wid)
+        rng = random.Random(self.seed * 7919 + wid)
+        while True:
+            ks = CURRICULUM[self.stage.value][1]
+            examples = [sampler.sample(rng.choice(ks)) for _ in range(self.batch_size)]
+            yield collate(examples, self.layout, CHUNK_SIZE, question_loss_share=0.3, rng=rng)
+
+
+def diffusion_loss(model, batch, cfg: ModelConfig, gen: torch.Generator, eps: float = 0.05):
+    """Masked-diffusion loss on the batch's targets; returns (loss, masked-token accuracy).
+
+    t starts at eps = 0.05 rather than LLaDA's 1e-3: the 1/t weight then stays below 20, which
+    kept the first run (t from 1e-3, lr 1.5e-3) from diverging to NaN after 1,250 steps.
+    """
+    ids, targets = batch["ids"], batch["targets"]
+    b = ids.shape[0]
+    t = eps + (1 - eps) * torch.rand(b, 1, device=ids.device, generator=gen)
+    masked = targets & (torch.rand(ids.shape, device=ids.device, generator=gen) < t)
+    # At least one masked target per row.
+    first = torch.argmax(targets.int(), dim=1)
+    none = ~masked.any(1)
+    masked[none, first[none]] = True
+    noisy = torch.where(masked, torch.full_like(ids, cfg.mask_token_id), ids)
+    width = int(masked.sum(1).max())
+    order = torch.argsort((~masked).int(), dim=1, stable=True)[:, :width]  # masked positions first
+    valid = torch.gather(masked, 1, order)
+    mask = dense_mask(attention_mask(batch["roles"], batch["segments"]))
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=ids.is_cuda):
+        out = model(noisy, batch["positions"], mask, BACKENDS["sdpa"], logits_rows=order, return_kv=False)
+    logits = out.logits.float()  # [B, R, V]
+    truth = torch.gather(ids, 1, order)
+    ce = F.cross_entropy(logits.transpose(1, 2), truth, reduction="none")  # [B, R]
+    per_row = (ce * valid).sum(1) / t[:, 0] / targets.sum(1).clamp_min(1)
+    acc = ((logits.argmax(-1) == truth) & valid).sum() / valid.sum()
+    return per_row.mean(), acc
+
+
+def export(model: DiffusionLM, cfg: ModelConfig, model_dir: Path, meta: dict) -> None:
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for old in model_dir.glob("model-*.safetensors"):
+        old.unlink()
+    save_weights(model_dir, cfg, model.state_dict(), max_shard_bytes=14_000_000)
+    (model_dir / "config.json").write_text(json.dumps(llada_config_json(cfg), indent=2))
+    (model_dir / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id}, indent=2))
+    (model_dir / "docqa.json").write_text(json.dumps({
+        "chunk_size": CHUNK_SIZE, "top_k": 4, "scorer": "self_information", "llada_folds": 4,
+        "gen_length": ANSWER_LEN, "block_length": 32, "decoder": "threshold", "threshold": 0.9,
+        "training": meta}, indent=2))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", type=Path, default=Path(".train-data"))
+    ap.add_argument("--model-dir", type=Path, default=Path("models/docqa-tiny"))
+    ap.add_argument("--minutes", type=float, default=8.0)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=8e-4)
+    ap.add_argument("--workers", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--resume", type=Path, default=None)
+    ap.add_argument("--checkpoint", type=Path, default=Path(".train-ckpt/last.pt"))
+    ap.add_argument("--total-minutes", type=float, default=None,
+                    help="length of the whole training (all runs), for the curriculum and LR schedule")
+    ap.add_argument("--log", type=Path, default=None)
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="start from an exported model folder (bf16 weights, fresh optimizer): a further run "
+                         "when the previous run's full checkpoint is not at hand")
+    ap.add_argument("--start-stage", type=int, default=0, help="first curriculum stage (with --init-from)")
+    args = ap.parse_args()
+    torch.manual_seed(args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tok = Tokenizer.from_file(str(args.model_dir / "tokenizer.json"))
+    cfg = model_config(tok)
+    layout = make_layout(args.model_dir, cfg)
+    model = DiffusionLM(cfg).to(device)
+    for name, p in model.named_parameters():
+        if p.dim() > 1:
+            torch.nn.init.normal_(p, std=0.02 if "down_proj" not in name and "o_proj" not in name
+                                  else 0.02 / math.sqrt(2 * cfg.num_layers))
+    decay = [p for n, p in model.named_parameters() if p.dim() > 1]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() <= 1]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+    step, elapsed_before, curve = 0, 0.0, []
+    if args.init_from is not None:
+        from engine.weights import load_model
+
+        model.load_state_dict(load_model(args.init_from, device=device, dtype=torch.float32).state_dict())
+    if args.resume and args.resume.exists():
+        ck = torch.load(args.resume, map_location=device, weights_only=False)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        step, elapsed_before, curve = ck["step"], ck["elapsed"], ck["curve"]
+    total = 60 * (args.total_minutes or args.minutes)
+    stage = torch.multiprocessing.Value("i", 0)
+    data = torch.utils.data.DataLoader(
+        Batches(args.data / "corpus.pt", args.model_dir, cfg, layout, args.batch_size, args.seed + step, stage),
+        batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0,
+        prefetch_factor=4 if args.workers > 0 else None, pin_memory=device.type == "cuda")
+    gen = torch.Generator(device=device).manual_seed(args.seed + step)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {n_params / 1e6:.1f}M parameters; device {device}; resume step {step}", flush=True)
+    start = time.perf_counter()
+    tokens = skipped = bad_run = 0
+    good = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "optimizer": copy.deepcopy(opt.state_dict()), "step": step}
+    model.train()
+    for batch in data:
+        elapsed = elapsed_before + time.perf_counter() - start
+        frac = elapsed / total
+        if time.perf_counter() - start > 60 * args.minutes or frac >= 1.0:
+            break
+        stage.value = max(args.start_stage, max(i for i, (at, _) in enumerate(CURRICULUM) if frac >= at))
+        lr = args.lr * min(1.0, (step + 1) / 500) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        loss, acc = diffusion_loss(model, batch, cfg, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if not (torch.isfinite(loss) and torch.isfinite(norm)):
+            # A non-finite step is skipped; a run of them rolls back to the last good weights
+            # with half the learning rate, so a spike never ends as NaN weights.
+            skipped += 1
+            bad_run += 1
+            if bad_run >= 10:
+                model.load_state_dict(good["model"])
+                opt.load_state_dict(good["optimizer"])
+                args.lr /= 2
+                bad_run = 0
+                print(f"rolled back to step {good['step']}, lr now {args.lr}", flush=True)
+            continue
+        opt.step()
+        bad_run = 0
+        step += 1
+        if step % 500 == 0:
+            good = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+                    "optimizer": copy.deepcopy(opt.state_dict()), "step": step}
+        tokens += batch["ids"].numel()
+        if step % 100 == 0:
+            row = {"step": step, "minutes": round(elapsed / 60, 2), "loss": round(loss.item(), 4), "skipped": skipped,
+                   "masked_acc": round(acc.item(), 4), "stage": stage.value, "lr": lr,
+                   "tokens_per_s": round(tokens / (time.perf_counter() - start))}
+            curve.append(row)
+            print(json.dumps(row), flush=True)
+    elapsed = elapsed_before + time.perf_counter() - start
+    model.eval()
+    args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "elapsed": elapsed,
+                "curve": curve}, args.checkpoint)
+    if not all(torch.isfinite(p).all() for p in model.parameters()):
+        raise RuntimeError("training ended with non-finite weights; nothing exported")
+    meta = {"steps": step, "skipped_steps": skipped, "minutes": round(elapsed / 60, 2),
+            "batch_size": args.batch_size, "seed": args.seed,
+            "parameters": n_params, "chunk_size": CHUNK_SIZE, "curriculum": CURRICULUM}
+    export(model, cfg, args.model_dir, meta)
+    if args.log:
+        args.log.write_text(json.dumps({"meta": meta, "curve": curve}, indent=1))
+    print(f"done: {step} steps in {elapsed / 60:.1f} min; exported to {args.model_dir}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -56,6 +56,24 @@ def _build_parser() -> argparse.ArgumentParser:
                      default="draft_self_information")
     _add_sampling_args(ans)
 
+    ev = sub.add_parser("eval", help="RULER tasks through the pipeline: JSON, markdown table, heatmap")
+    ev.add_argument("--model", type=Path, default=Path("models/docqa-tiny"))
+    ev.add_argument("--data", type=Path, default=Path(".ruler-data"), help="folder written by eval-data")
+    ev.add_argument("--tasks", nargs="+", default=None)
+    ev.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536, 131072])
+    ev.add_argument("--modes", nargs="+", default=["static", "joint", "dense"])
+    ev.add_argument("--max-samples", type=int, default=None, help="per task and length")
+    ev.add_argument("--dense-max-tokens", type=int, default=16384, help="skip dense above this context length")
+    ev.add_argument("--device", default=None)
+    ev.add_argument("--out", type=Path, default=Path("eval-out"))
+
+    ed = sub.add_parser("eval-data", help="generate RULER samples with the model's tokenizer (offline)")
+    ed.add_argument("--model", type=Path, default=Path("models/docqa-tiny"))
+    ed.add_argument("--out", type=Path, default=Path(".ruler-data"))
+    ed.add_argument("--tasks", nargs="+", default=None)
+    ed.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536, 131072])
+    ed.add_argument("--samples", type=int, default=10)
+
     mk = sub.add_parser("make-random-model",
                         help="write a tiny random checkpoint (Dream or LLaDA format) for trying things")
     mk.add_argument("folder", type=Path)
@@ -132,6 +150,39 @@ def _cmd_answer(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_eval_data(args: argparse.Namespace) -> int:
+    from app import ruler
+
+    tasks = args.tasks or list(ruler.TASKS)
+    ruler.generate(args.out, args.model, tasks, args.lengths, dict.fromkeys(args.lengths, args.samples))
+    return EXIT_OK
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import json as _json
+
+    from app import ruler
+    from app.evaluation import evaluate, summarize, write_reports
+    from engine import Engine
+
+    engine = Engine.from_pretrained(args.model, device=args.device)
+    defaults = _json.loads((args.model / "docqa.json").read_text()) if (args.model / "docqa.json").exists() else {}
+    samples = ruler.load(args.data, args.tasks or list(ruler.TASKS), args.lengths)
+    if args.max_samples is not None:
+        kept, seen = [], {}
+        for s in samples:
+            seen[(s.task, s.length)] = seen.get((s.task, s.length), 0) + 1
+            if seen[(s.task, s.length)] <= args.max_samples:
+                kept.append(s)
+        samples = kept
+    rows = evaluate(engine, samples, args.modes, defaults.get("chunk_size", 512), args.dense_max_tokens,
+                    progress=lambda line: print(line, file=sys.stderr, flush=True))
+    write_reports(rows, args.out, {"model": str(args.model), "device": str(engine.device),
+                                   "modes": args.modes, "lengths": args.lengths})
+    print(summarize(rows))
+    return EXIT_OK
+
+
 def _cmd_make_random_model(args: argparse.Namespace) -> int:
     from app.random_checkpoint import write_random_checkpoint
 
@@ -142,7 +193,8 @@ def _cmd_make_random_model(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"generate": _cmd_generate, "answer": _cmd_answer, "make-random-model": _cmd_make_random_model}
+COMMANDS = {"generate": _cmd_generate, "answer": _cmd_answer, "eval": _cmd_eval, "eval-data": _cmd_eval_data,
+             "make-random-model": _cmd_make_random_model}
 
 
 def main(argv: list[str] | None = None) -> int:

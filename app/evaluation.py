@@ -1,0 +1,141 @@
+"""`docqa eval`: RULER tasks through the whole pipeline, per KV mode, with a table and a heatmap.
+
+Each sample's context is prefilled once (chunked, as the app does) and asked in every mode; `dense`
+feeds the unchunked context, so it shows where full attention fails past the trained length.
+Writes results.json (every sample), summary.md (task x length per mode) and niah_heatmap.png
+(needle depth x length, static mode).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from app import ruler
+from engine import AnswerParams, Engine, SamplingParams, ScoringParams
+
+
+@dataclass
+class EvalRow:
+    task: str
+    length: int
+    index: int
+    mode: str
+    score: float
+    prediction: str
+    outputs: list[str]
+    depth: float | None
+    needle_selected: bool | None
+    seconds: float
+
+
+def default_params(engine: Engine, mode: str) -> AnswerParams:
+    """The app's settings for the model (its docqa.json), in the given KV mode."""
+    defaults = {}
+    if engine.path is not None and (engine.path / "docqa.json").exists():
+        defaults = json.loads((engine.path / "docqa.json").read_text())
+    return AnswerParams(
+        top_k=defaults.get("top_k", 4), kv_mode=mode,
+        scoring=ScoringParams(scorer=defaults.get("scorer", "draft_self_information"),
+                              llada_folds=defaults.get("llada_folds")),
+        sampling=SamplingParams(decoder=defaults.get("decoder", "threshold"),
+                                threshold=defaults.get("threshold", 0.9),
+                                gen_length=defaults.get("gen_length", 64),
+                                block_length=defaults.get("block_length", 32)))
+
+
+def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chunk_size: int,
+             dense_max_tokens: int, progress=print) -> list[EvalRow]:
+    rows = []
+    for s in samples:
+        enc = engine.tokenizer(s.context, add_special_tokens=False, return_offsets_mapping=True)
+        start = time.perf_counter()
+        doc = engine.prefill(enc["input_ids"], chunk_size)
+        prefill_s = time.perf_counter() - start
+        needle_chunks = set()
+        for out in s.outputs:
+            at = s.context.find(str(out))
+            if at >= 0:
+                tok = next((i for i, (_, b) in enumerate(enc["offset_mapping"]) if b > at), None)
+                if tok is not None:
+                    needle_chunks.add(tok // (chunk_size - 1))
+        for mode in modes:
+            if mode == "dense" and len(enc["input_ids"]) > dense_max_tokens:
+                continue
+            t = time.perf_counter()
+            result = engine.answer(doc, s.question, default_params(engine, mode))
+            seconds = time.perf_counter() - t + prefill_s * (mode in ("static", "joint"))
+            chosen = {r.chunk for r in result.trace.selected}
+            selected = bool(needle_chunks & chosen) if needle_chunks and mode in ("static", "joint") else None
+            row = EvalRow(s.task, s.length, s.index, mode, ruler.score(s.task, result.text, s.outputs),
+                          result.text, [str(o) for o in s.outputs], s.depth, selected, seconds)
+            rows.append(row)
+            progress(f"{s.task} {s.length} #{s.index} {mode}: {row.score:.2f} ({row.seconds:.1f} s) "
+                     f"{result.text[:40]!r} vs {row.outputs[:2]}")
+    return rows
+
+
+def summarize(rows: list[EvalRow]) -> str:
+    """Markdown: mean score (%) per task and length, one table per mode."""
+    out = []
+    for mode in sorted({r.mode for r in rows}):
+        sub = [r for r in rows if r.mode == mode]
+        lengths = sorted({r.length for r in sub})
+        out.append(f"\n### mode `{mode}`\n")
+        out.append("| task | " + " | ".join(f"{n // 1024}K" for n in lengths) + " |")
+        out.append("|---|" + "---|" * len(lengths))
+        for task in sorted({r.task for r in sub}):
+            cells = []
+            for n in lengths:
+                vals = [r.score for r in sub if r.task == task and r.length == n]
+                cells.append(f"{100 * sum(vals) / len(vals):.0f} (n={len(vals)})" if vals else "-")
+            out.append(f"| {task} | " + " | ".join(cells) + " |")
+        sel = [r.needle_selected for r in sub if r.needle_selected is not None]
+        if sel:
+            out.append(f"\nchunk selection recall (an answer-holding chunk among the selected): "
+                       f"{100 * sum(sel) / len(sel):.1f}% of {len(sel)} samples")
+    return "\n".join(out) + "\n"
+
+
+def heatmap(rows: list[EvalRow], path: Path, mode: str = "static") -> None:
+    """Needle depth (10 bins) x context length, mean NIAH score, for one mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    sub = [r for r in rows if r.mode == mode and r.task.startswith("niah") and r.depth is not None]
+    if not sub:
+        return
+    lengths = sorted({r.length for r in sub})
+    grid = np.full((10, len(lengths)), np.nan)
+    for j, n in enumerate(lengths):
+        for b in range(10):
+            vals = [r.score for r in sub if r.length == n and min(int(r.depth * 10), 9) == b]
+            if vals:
+                grid[b, j] = 100 * sum(vals) / len(vals)
+    fig, ax = plt.subplots(figsize=(1.2 * len(lengths) + 2, 5))
+    im = ax.imshow(grid, vmin=0, vmax=100, cmap="RdYlGn", aspect="auto")
+    ax.set_xticks(range(len(lengths)), [f"{n // 1024}K" for n in lengths])
+    ax.set_yticks(range(10), [f"{10 * b}-{10 * b + 10}%" for b in range(10)])
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("needle depth")
+    ax.set_title(f"NIAH score (%), mode {mode}")
+    for b in range(10):
+        for j in range(len(lengths)):
+            if not np.isnan(grid[b, j]):
+                ax.text(j, b, f"{grid[b, j]:.0f}", ha="center", va="center", fontsize=8)
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_reports(rows: list[EvalRow], out_dir: Path, meta: dict) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
+    (out_dir / "summary.md").write_text(summarize(rows))
+    heatmap(rows, out_dir / "niah_heatmap.png")

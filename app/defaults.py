@@ -1,0 +1,46 @@
+"""Per-model defaults (a model folder's docqa.json) and the bundled model's location."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from engine import AnswerParams, SamplingParams, ScoringParams
+
+BUNDLED_MODEL = Path(__file__).resolve().parents[1] / "models" / "docqa-tiny"
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    chunk_size: int = 512
+    top_k: int = 4
+    auto_k: bool = False
+    token_budget: int = 0
+    scorer: str = "draft_self_information"
+    llada_folds: int | None = None
+    gen_length: int = 64
+    block_length: int = 32
+    decoder: str = "threshold"
+    threshold: float = 0.9
+    kv_mode: str = "static"
+    position_mode: str = "continuous"
+
+
+def model_defaults(folder: Path | None) -> ModelDefaults:
+    """The model's recommended settings (docqa.json), falling back to the method's defaults."""
+    if folder is None or not (Path(folder) / "docqa.json").exists():
+        return ModelDefaults()
+    data = json.loads((Path(folder) / "docqa.json").read_text())
+    known = {f.name for f in fields(ModelDefaults)}
+    return ModelDefaults(**{k: v for k, v in data.items() if k in known})
+
+
+def answer_params(defaults: ModelDefaults, **overrides) -> AnswerParams:
+    """AnswerParams from model defaults; `overrides` (ModelDefaults field names, None = keep) win."""
+    d = replace(defaults, **{k: v for k, v in overrides.items() if v is not None})
+    return AnswerParams(
+        top_k=d.top_k, auto_k=d.auto_k, token_budget=d.token_budget, kv_mode=d.kv_mode,
+        position_mode=d.position_mode, scoring=ScoringParams(scorer=d.scorer, llada_folds=d.llada_folds),
+        sampling=SamplingParams(decoder=d.decoder, threshold=d.threshold, gen_length=d.gen_length,
+                                block_length=d.block_length))

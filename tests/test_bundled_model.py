@@ -1,0 +1,43 @@
+"""The bundled model: its files, its defaults, and that it answers from a document on the CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.defaults import BUNDLED_MODEL, answer_params, model_defaults
+from engine import Engine
+from engine.weights import read_model_config
+from training.tasks import REPEAT_HAYSTACK
+
+
+def test_bundled_files_fit_the_size_limits():
+    weights = sorted(BUNDLED_MODEL.glob("*.safetensors"))
+    assert len(weights) >= 2
+    assert all(p.stat().st_size <= 15_000_000 for p in weights)
+    assert sum(p.stat().st_size for p in weights) <= 60_000_000
+    cfg = read_model_config(BUNDLED_MODEL)
+    assert cfg.family == "llada" and not cfg.logits_shifted and cfg.num_kv_heads < cfg.num_heads
+    assert json.loads((BUNDLED_MODEL / "tokenizer_config.json").read_text())["chat_template"]
+    d = model_defaults(BUNDLED_MODEL)
+    assert d.chunk_size == 128 and d.scorer == "self_information"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine.from_pretrained(BUNDLED_MODEL, device="cpu")
+
+
+@pytest.mark.parametrize("key,value,depth", [("quiet-harbor", "4729135", 0.3), ("amber-falcon", "8316402", 0.8)])
+@pytest.mark.parametrize("mode", ["static", "joint"])
+def test_finds_a_needle_in_a_4k_haystack(engine, key, value, depth, mode):
+    filler = [REPEAT_HAYSTACK] * 50  # about 4,000 tokens
+    filler.insert(int(depth * len(filler)), f"One of the special magic numbers for {key} is: {value}.")
+    doc = engine.prefill_text(" ".join(filler), model_defaults(BUNDLED_MODEL).chunk_size)
+    question = f"What is the special magic number for {key} mentioned in the provided text?"
+    result = engine.answer(doc, question, answer_params(model_defaults(BUNDLED_MODEL), kv_mode=mode))
+    assert result.text == value
+    holding = [i for i in range(doc.num_chunks)
+               if value[:3] in engine.tokenizer.decode(doc.tokens[i, 1:int(doc.lengths[i])].tolist())]
+    assert any(r.chunk in holding for r in result.trace.selected)

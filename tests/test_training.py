@@ -1,0 +1,107 @@
+"""Training data and evaluation helpers: the layout matches inference; RULER scoring and splitting."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from tokenizers import Tokenizer
+
+from app import ruler
+from app.defaults import BUNDLED_MODEL
+from app.evaluation import EvalRow, heatmap, summarize
+from app.sentences import split_sentences
+from training.tasks import (
+    ROLE_ANSWER,
+    ROLE_CHUNK,
+    ROLE_PREFIX,
+    ROLE_QUERY,
+    Example,
+    Layout,
+    TaskSampler,
+    attention_mask,
+    collate,
+)
+from training.train import make_layout, model_config
+
+TOK = Tokenizer.from_file(str(BUNDLED_MODEL / "tokenizer.json"))
+
+
+def _flat(seqs):
+    lengths = torch.tensor([len(s) for s in seqs])
+    return {"tokens": torch.tensor([t for s in seqs for t in s], dtype=torch.int16),
+            "offsets": torch.cat((torch.zeros(1, dtype=torch.long), lengths.cumsum(0)))}
+
+
+def _sampler(chunk=64, answer=24):
+    sentences = [TOK.encode(f" Sentence number {i} talks about rivers and hills.").ids for i in range(200)]
+    paragraphs = [TOK.encode(f"Title {i}\nParagraph {i} mentions the town of Alder {i}.").ids for i in range(30)]
+    corpus = {"essay_sentences": _flat(sentences), "paragraphs": _flat(paragraphs),
+              "paragraph_titles": [f"Title {i}" for i in range(30)],
+              "qa": [{"question": "Which town?", "answer": "Alder 3", "gold": [3], "paragraphs": [3, 4, 5]}],
+              "adjectives": ["quiet", "amber"], "nouns": ["harbor", "falcon"]}
+    cfg = model_config(TOK)
+    layout = make_layout(BUNDLED_MODEL, cfg)
+    return TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, chunk, answer, seed=0), layout, cfg
+
+
+def test_examples_fit_chunks_and_answers_end_with_eos():
+    sampler, layout, _ = _sampler()
+    for k in (1, 2, 4):
+        for task in (sampler.niah, sampler.kv_retrieval, sampler.hotpot, sampler.which_document):
+            ex = task(k)
+            assert len(ex.chunks) == k and all(len(c) <= 63 for c in ex.chunks)
+            assert len(ex.answer_ids) == 24 and ex.answer_ids[-1] == layout.eos
+
+
+def test_needle_answer_is_in_a_chunk():
+    sampler, _, _ = _sampler(chunk=128)
+    for _ in range(20):
+        ex = sampler.niah(4)
+        answer = TOK.decode([t for t in ex.answer_ids if t != sampler.layout.eos])
+        first = answer.split(", ")[0]
+        assert any(first in TOK.decode(c) for c in ex.chunks), (answer, [TOK.decode(c) for c in ex.chunks])
+
+
+def test_collate_positions_and_mask_follow_inference():
+    layout = Layout(prefix=[0, 7, 8], query_head=[9], query_tail=[10], bos=0, eos=1, mask=2, pad=1)
+    ex = Example(chunks=[[20, 21], [22]], question_ids=[30, 31], answer_ids=[40, 1])
+    b = collate([ex], layout, chunk_size=8, question_loss_share=0.0, rng=random.Random(0))
+    roles = b["roles"][0].tolist()
+    assert roles == [ROLE_PREFIX] * 3 + [ROLE_CHUNK] * 5 + [ROLE_QUERY] * 4 + [ROLE_ANSWER] * 2
+    # prefix 0..2; chunk j at P + j*C; query at P + K*C; answer right after the query
+    assert b["positions"][0].tolist() == [0, 1, 2, 3, 4, 5, 11, 12, 19, 20, 21, 22, 23, 24]
+    assert b["targets"][0].tolist() == [False] * 12 + [True, True]
+    m = attention_mask(b["roles"], b["segments"])[0, 0]
+    assert m[3].tolist() == [False] * 3 + [True] * 3 + [False] * 8  # chunk 1 sees only itself
+    assert m[8].tolist() == [True] * 12 + [False] * 2  # the query does not see the answer
+    assert m[12].all()  # the answer sees everything
+
+
+def test_scoring_examples_use_local_positions_and_question_targets():
+    layout = Layout(prefix=[0, 7], query_head=[9], query_tail=[10], bos=0, eos=1, mask=2, pad=1)
+    ex = Example(chunks=[[20, 21, 22]], question_ids=[30, 31], answer_ids=[], scoring=True)
+    b = collate([ex], layout, chunk_size=8, question_loss_share=0.0, rng=random.Random(0))
+    assert b["positions"][0].tolist() == list(range(8))
+    assert b["targets"][0].tolist() == [False] * 5 + [True, True, False]
+
+
+def test_sentence_splitter():
+    text = 'Dr. Smith left at 5 p.m. "Why?" she asked. The U.S. Army won. 42 came next.'
+    assert split_sentences(text) == ["Dr. Smith left at 5 p.m.", '"Why?" she asked.', "The U.S. Army won.",
+                                     "42 came next."]
+
+
+def test_ruler_scoring():
+    assert ruler.score("niah_multivalue", "1234567, 7654321", ["1234567", "7654321", "1111111"]) == 2 / 3
+    assert ruler.score("qa_1", "It is in France.", ["france", "Paris"]) == 1.0
+    assert ruler.score("niah_single_1", "", ["1"]) == 0.0
+
+
+def test_summary_and_heatmap(tmp_path):
+    rows = [EvalRow("niah_single_2", n, i, "static", float(i % 2), "x", ["y"], i / 4, True, 1.0)
+            for n in (4096, 8192) for i in range(4)]
+    md = summarize(rows)
+    assert "| niah_single_2 | 50 (n=4) | 50 (n=4) |" in md and "recall" in md
+    heatmap(rows, tmp_path / "h.png")
+    assert (tmp_path / "h.png").stat().st_size > 1000

@@ -76,6 +76,33 @@ def _build_parser() -> argparse.ArgumentParser:
     ed.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536, 131072])
     ed.add_argument("--samples", type=int, default=10)
 
+    def service_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", type=Path, default=None, help="local checkpoint folder (default: the bundled model)")
+        p.add_argument("--data-dir", type=Path, default=Path("docqa-data"), help="where documents and caches live")
+        p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if present)")
+
+    sv = sub.add_parser("serve", help="start the web app (127.0.0.1 by default)")
+    service_args(sv)
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (never shared publicly)")
+    sv.add_argument("--port", type=int, default=7860)
+    sv.add_argument("--max-upload-mb", type=int, default=200)
+
+    ing = sub.add_parser("ingest", help="add documents (PDF, TXT, Markdown) and prefill them")
+    service_args(ing)
+    ing.add_argument("files", nargs="+", type=Path)
+    ing.add_argument("--password", default=None, help="password of an encrypted PDF")
+
+    ask = sub.add_parser("ask", help="ask a question about stored documents (names or ids)")
+    service_args(ask)
+    ask.add_argument("documents", nargs="+", help="document names or ids, then the question last")
+
+    ls = sub.add_parser("list", help="list stored documents")
+    service_args(ls)
+
+    rm = sub.add_parser("rm", help="delete stored documents (names or ids)")
+    service_args(rm)
+    rm.add_argument("documents", nargs="+")
+
     mk = sub.add_parser("make-random-model",
                         help="write a tiny random checkpoint (Dream or LLaDA format) for trying things")
     mk.add_argument("folder", type=Path)
@@ -190,6 +217,98 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _service(args: argparse.Namespace, **kw):
+    from app.service import DocQA, ServiceConfig
+
+    return DocQA(ServiceConfig(data_dir=args.data_dir, model_dir=args.model or BUNDLED_MODEL, device=args.device,
+                               **kw))
+
+
+def _resolve(service, names: list[str]) -> list[str]:
+    docs = service.documents()
+    out = []
+    for name in names:
+        hits = [d.record.id for d in docs if d.record.id == name or d.record.id.startswith(name)
+                or d.record.name == name]
+        if not hits:
+            raise ValueError(f"no stored document named {name!r} (see docqa list)")
+        if len(hits) > 1:
+            raise ValueError(f"{name!r} matches several documents; use the id from docqa list")
+        out.append(hits[0])
+    return out
+
+
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    from app.ingest import IngestError
+
+    service = _service(args)
+    failed = 0
+    for path in args.files:
+        def progress(stage: str, frac: float, name=path.name) -> None:
+            bar = "#" * int(30 * frac)
+            print(f"\r{name}: [{bar:<30}] {stage:<32}", end="", file=sys.stderr, flush=True)
+
+        try:
+            info, added = service.ingest_file(path, password=args.password, progress=progress)
+            print(file=sys.stderr)
+            print(f"{'added' if added else 'already stored'}: {info.record.name}  id {info.record.id[:12]}  "
+                  f"{info.record.page_count} pages, {info.tokens} tokens, {info.chunks} chunks")
+        except IngestError as exc:
+            print(file=sys.stderr)
+            print(f"docqa: {path.name}: {exc}", file=sys.stderr)
+            failed += 1
+    return EXIT_ERROR if failed else EXIT_OK
+
+
+def _cmd_ask(args: argparse.Namespace) -> int:
+    if len(args.documents) < 2:
+        raise ValueError("give one or more documents, then the question")
+    service = _service(args)
+    *names, question = args.documents
+    ids = _resolve(service, names)
+    for event in service.ask(question, ids):
+        if event.kind == "step" and sys.stderr.isatty():
+            print(f"\r{event.partial[:100]:<100}", end="", file=sys.stderr, flush=True)
+        elif event.kind == "done":
+            if sys.stderr.isatty():
+                print("\r" + " " * 100 + "\r", end="", file=sys.stderr)
+            r = event.result
+            print(r.answer)
+            if r.warning:
+                print(f"warning: {r.warning}", file=sys.stderr)
+            for c in r.citations:
+                snippet = " ".join(c.text.split())[:90]
+                print(f"  [{c.document}, p. {c.pages}] score {c.score:.2f}: {snippet}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    service = _service(args)
+    docs = service.documents()
+    if not docs:
+        print("no documents yet (docqa ingest FILE...)")
+    for d in docs:
+        print(f"{d.record.id[:12]}  {d.record.name:<40} {d.record.page_count:>5} pages {d.tokens:>8} tokens "
+              f"{d.chunks:>6} chunks  {'cached' if d.cached else 'not cached'} {d.kv_bytes / 2**20:8.1f} MiB")
+    return EXIT_OK
+
+
+def _cmd_rm(args: argparse.Namespace) -> int:
+    service = _service(args)
+    for doc_id in _resolve(service, args.documents):
+        service.delete(doc_id)
+        print(f"deleted {doc_id[:12]}")
+    return EXIT_OK
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from ui.app import launch
+
+    service = _service(args, max_upload_bytes=args.max_upload_mb << 20)
+    launch(service, host=args.host, port=args.port)
+    return EXIT_OK
+
+
 def _cmd_make_random_model(args: argparse.Namespace) -> int:
     from app.random_checkpoint import write_random_checkpoint
 
@@ -201,6 +320,7 @@ def _cmd_make_random_model(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"generate": _cmd_generate, "answer": _cmd_answer, "eval": _cmd_eval, "eval-data": _cmd_eval_data,
+            "ingest": _cmd_ingest, "ask": _cmd_ask, "list": _cmd_list, "rm": _cmd_rm, "serve": _cmd_serve,
              "make-random-model": _cmd_make_random_model}
 
 
@@ -211,11 +331,15 @@ def main(argv: list[str] | None = None) -> int:
     from engine.config import ConfigError
     from engine.tokenizer import TokenizerError
     from engine.weights import CheckpointError
+    from storage import StorageError
 
     try:
         return COMMANDS[args.command](args)
     except (CheckpointError, ConfigError, TokenizerError) as exc:
         print(f"docqa: cannot load the model: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except StorageError as exc:
+        print(f"docqa: storage: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except ValueError as exc:
         print(f"docqa: {exc}", file=sys.stderr)

@@ -121,3 +121,20 @@ def m001_initial(db: Database) -> None:
         created_at TEXT NOT NULL
     ) STRICT;
     """)
+
+
+@migrations()
+def m002_jobs(db: Database) -> None:
+    """Ingestion progress, kept in SQLite so that a page refresh (or another client) still sees it."""
+    _run_statements(db, """
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL,
+        stage TEXT NOT NULL,
+        fraction REAL NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('running', 'done', 'failed')),
+        error TEXT,
+        started_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    ) STRICT
+    """)

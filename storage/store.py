@@ -366,6 +366,7 @@ class DocumentStore:
         stats = {"temporaries": remove_temporaries(self.root)}
         with self.db.atomic():
             stale = self.db.execute("DELETE FROM documents WHERE status != 'ready'").rowcount
+            self.db.execute("UPDATE jobs SET state = 'failed', error = 'interrupted' WHERE state = 'running'")
         stats["unfinished_documents"] = stale
         known_docs = {r["id"] for r in self.db.query("SELECT id FROM documents")}
         live_folders = {r["folder"] for r in self.db.query("SELECT folder FROM kv_caches WHERE status = 'ready'")}
@@ -385,6 +386,25 @@ class DocumentStore:
         if any(stats.values()):
             logger.info("storage recovery in %s: %s", self.root, stats)
         return stats
+
+    # ---- jobs (ingestion progress) -----------------------------------------------------------
+
+    def start_job(self, name: str) -> int:
+        now = _now()
+        return self.db["jobs"].insert({"name": name, "stage": "queued", "fraction": 0.0, "state": "running",
+                                       "error": None, "started_at": now, "updated_at": now}).last_pk
+
+    def update_job(self, job_id: int, stage: str, fraction: float) -> None:
+        self.db.execute("UPDATE jobs SET stage = ?, fraction = ?, updated_at = ? WHERE id = ?",
+                        [stage, float(fraction), _now(), job_id])
+
+    def finish_job(self, job_id: int, error: str | None = None) -> None:
+        self.db.execute("UPDATE jobs SET state = ?, error = ?, fraction = 1.0, updated_at = ? WHERE id = ?",
+                        ["failed" if error else "done", error, _now(), job_id])
+
+    def jobs(self, active_only: bool = False) -> list[dict]:
+        where = "WHERE state = 'running'" if active_only else ""
+        return list(self.db.query(f"SELECT * FROM jobs {where} ORDER BY id DESC LIMIT 50"))
 
     # ---- conversations -----------------------------------------------------------------------
 

@@ -1,0 +1,189 @@
+"""Turning an uploaded file into text with page spans: PDF (pypdf), plain text and Markdown.
+
+Each page's text is normalised (ligatures, soft hyphens, words hyphenated across lines, runs of
+whitespace) and pages are joined with a blank line, so every character of the text belongs to a
+known page and chunks can cite page labels. PDF extraction runs in a child process with a time
+limit: a malformed file can hang or exhaust the parser without taking the app down.
+Every failure is an `IngestError` with a code and a sentence a person understands; nothing is
+stored for a file that fails.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from storage import PageSpan
+
+PAGE_SEPARATOR = "\n\n"
+_LIGATURES = {"\ufb00": "ff", "\ufb01": "fi", "\ufb02": "fl", "\ufb03": "ffi", "\ufb04": "ffl", "\ufb05": "st",
+              "\ufb06": "st", "\u00ad": ""}
+_HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
+_SPACES = re.compile(r"[ \t\r\f\v\u00a0]+")
+_PARAGRAPH = re.compile(r"\n\s*\n+")
+
+
+class IngestError(ValueError):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class ExtractedDocument:
+    text: str
+    pages: list[PageSpan]
+    mime: str
+
+
+def normalize(text: str) -> str:
+    """Ligatures, soft hyphens, line-end hyphenation and whitespace; paragraphs kept as blank lines."""
+    for src, dst in _LIGATURES.items():
+        text = text.replace(src, dst)
+    text = _HYPHEN_BREAK.sub(r"\1\2", text)
+    text = _SPACES.sub(" ", text)
+    paragraphs = [" ".join(line.strip() for line in p.splitlines() if line.strip())
+                  for p in _PARAGRAPH.split(text)]
+    return "\n\n".join(p for p in paragraphs if p)
+
+
+def sniff_kind(data: bytes, name: str) -> str:
+    """'pdf', 'markdown' or 'text', decided from the bytes (the name only tells Markdown from text)."""
+    if data.lstrip()[:5] == b"%PDF-":
+        return "pdf"
+    head = data[:8]
+    signatures = ((b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
+                  (b"PK\x03\x04", "a ZIP archive (or an Office file)"), (b"\x1f\x8b", "a gzip archive"))
+    for magic, what in signatures:
+        if head.startswith(magic):
+            raise IngestError("wrong_type", f"{name} is {what}, not a PDF, text or Markdown file")
+    if b"\x00" in data[:65536]:
+        raise IngestError("wrong_type", f"{name} is a binary file, not a PDF, text or Markdown file")
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise IngestError("wrong_type", f"{name} is neither a PDF nor UTF-8 text") from None
+    return "markdown" if Path(name).suffix.lower() in (".md", ".markdown") else "text"
+
+
+def _join_pages(page_texts: list[str], labels: list[str]) -> tuple[str, list[PageSpan]]:
+    parts, pages, pos = [], [], 0
+    for i, (text, label) in enumerate(zip(page_texts, labels, strict=True)):
+        if parts:
+            parts.append(PAGE_SEPARATOR)
+            pos += len(PAGE_SEPARATOR)
+        parts.append(text)
+        pages.append(PageSpan(i, label, pos, pos + len(text), bool(text.strip())))
+        pos += len(text)
+    return "".join(parts), pages
+
+
+def extract_text_file(data: bytes, kind: str) -> ExtractedDocument:
+    text = normalize(data.decode("utf-8-sig"))
+    if not text.strip():
+        raise IngestError("empty", "the file contains no text")
+    joined, pages = _join_pages([text], ["1"])
+    return ExtractedDocument(joined, pages, "text/markdown" if kind == "markdown" else "text/plain")
+
+
+def _pdf_page_texts(data: bytes, password: str | None, emit: Callable[[list], None]) -> None:
+    """Runs in the child process: emits ["progress", i, n] per page, then ["ok", texts, labels] or
+    ["error", code, message]."""
+    try:
+        import pypdf
+        from pypdf.errors import FileNotDecryptedError, PdfReadError
+
+        try:
+            reader = pypdf.PdfReader(io.BytesIO(data))
+            if reader.is_encrypted and not reader.decrypt(password or ""):
+                emit(["error", "wrong_password" if password else "needs_password",
+                      "the password is wrong" if password else "the PDF is encrypted; give its password to open it"])
+                return
+            n = len(reader.pages)
+            labels = list(reader.page_labels) if n else []
+            texts = []
+            for i, page in enumerate(reader.pages):
+                texts.append(normalize(page.extract_text() or ""))
+                emit(["progress", i + 1, n])
+        except FileNotDecryptedError:
+            emit(["error", "needs_password", "the PDF is encrypted; give its password to open it"])
+            return
+        except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            emit(["error", "corrupt", f"the PDF is damaged or truncated and cannot be read ({exc})"])
+            return
+        emit(["ok", texts, labels])
+    except Exception as exc:  # anything else in the parser: still a clear answer, never a crash
+        emit(["error", "corrupt", f"the PDF cannot be read ({type(exc).__name__}: {exc})"])
+
+
+def extract_pdf(data: bytes, password: str | None = None, timeout_s: float = 300.0,
+                progress: Callable[[int, int], None] | None = None) -> ExtractedDocument:
+    """Extracts a PDF in a child process (`python -m app.ingest`), killed after `timeout_s`."""
+    env = dict(os.environ, DOCQA_PDF_PASSWORD=password or "")
+    repo = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([repo, env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen([sys.executable, "-m", "app.ingest"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env)
+    timer = threading.Timer(timeout_s, proc.kill)
+    timer.start()
+    result = None
+    try:
+        proc.stdin.write(data)
+        proc.stdin.close()
+        for line in proc.stdout:
+            msg = json.loads(line)
+            if msg[0] == "progress":
+                if progress is not None:
+                    progress(msg[1], msg[2])
+            else:
+                result = msg
+        proc.wait()
+    except (BrokenPipeError, json.JSONDecodeError):
+        proc.kill()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+    if result is None:
+        if proc.returncode == -9 or not timer.is_alive() and proc.returncode not in (0, None):
+            raise IngestError("timeout", f"reading the PDF took longer than {timeout_s:.0f} s or crashed the reader")
+        raise IngestError("corrupt", "the PDF reader stopped unexpectedly on this file")
+    if result[0] == "error":
+        raise IngestError(result[1], result[2])
+    texts, labels = result[1], result[2]
+    if not texts:
+        raise IngestError("empty", "the PDF has no pages")
+    if not any(t.strip() for t in texts):
+        raise IngestError("no_text", "the PDF has no text layer (a scan?); run OCR on it first")
+    text, pages = _join_pages(texts, labels)
+    return ExtractedDocument(text, pages, "application/pdf")
+
+
+def extract(data: bytes, name: str, max_bytes: int, password: str | None = None, timeout_s: float = 300.0,
+            progress: Callable[[int, int], None] | None = None) -> ExtractedDocument:
+    """Checks size and type from the bytes, then extracts. Raises IngestError."""
+    if len(data) > max_bytes:
+        raise IngestError("too_large", f"{name} is {len(data) / 2**20:.1f} MiB; the limit is "
+                                       f"{max_bytes / 2**20:.0f} MiB")
+    if not data.strip():
+        raise IngestError("empty", f"{name} is empty")
+    kind = sniff_kind(data, name)
+    if kind == "pdf":
+        return extract_pdf(data, password, timeout_s, progress)
+    return extract_text_file(data, kind)
+
+
+if __name__ == "__main__":  # the extraction child: PDF bytes on stdin, JSON lines on stdout
+    def _emit(msg: list) -> None:
+        sys.stdout.write(json.dumps(msg) + "\n")
+        sys.stdout.flush()
+
+    _pdf_page_texts(sys.stdin.buffer.read(), os.environ.get("DOCQA_PDF_PASSWORD") or None, _emit)

@@ -1,0 +1,57 @@
+"""Settings panel: retrieval and decoding parameters (the model's defaults preselected)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from app.service import DocQA
+from engine import DECODERS, KV_MODES
+
+
+@dataclass
+class SettingsInputs:
+    top_k: gr.Number
+    chunk_size: gr.Number
+    token_budget: gr.Number
+    gen_length: gr.Number
+    threshold: gr.Slider
+    kv_mode: gr.Dropdown
+    decoder: gr.Dropdown
+
+    def components(self) -> list:
+        return [self.top_k, self.chunk_size, self.token_budget, self.gen_length, self.threshold, self.kv_mode,
+                self.decoder]
+
+
+def build(service: DocQA) -> SettingsInputs:
+    d = service.defaults
+    with gr.Row():
+        top_k = gr.Number(value=d.top_k, precision=0, minimum=0, label="K chunks (0 = automatic)")
+        chunk_size = gr.Number(value=d.chunk_size, precision=0, minimum=16,
+                               label="Chunk size C (a change re-encodes the documents)")
+        token_budget = gr.Number(value=d.token_budget, precision=0, minimum=0, label="B tokens per chunk (0 = all)")
+    with gr.Row():
+        gen_length = gr.Number(value=d.gen_length, precision=0, minimum=32, step=32,
+                               label="Answer length (tokens, a multiple of 32)")
+        threshold = gr.Slider(0.05, 1.0, value=d.threshold, step=0.05, label="Confidence threshold")
+        kv_mode = gr.Dropdown(choices=[m for m in KV_MODES if m in ("static", "joint")], value=d.kv_mode,
+                              label="KV mode")
+        decoder = gr.Dropdown(choices=list(DECODERS), value=d.decoder, label="Decoder")
+    return SettingsInputs(top_k, chunk_size, token_budget, gen_length, threshold, kv_mode, decoder)
+
+
+def to_params(service: DocQA, top_k, chunk_size, token_budget, gen_length, threshold, kv_mode, decoder):
+    """(AnswerParams, chunk size) from the panel's values; bad values are a clear error."""
+    gen = int(gen_length or service.defaults.gen_length)
+    if gen % 32:
+        raise gr.Error("the answer length must be a multiple of 32")
+    k = int(top_k or 0)
+    try:
+        params = service.params(top_k=k if k > 0 else None, auto_k=k == 0, token_budget=int(token_budget or 0),
+                                gen_length=gen, block_length=32, threshold=float(threshold), kv_mode=kv_mode,
+                                decoder=decoder)
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    return params, int(chunk_size or service.defaults.chunk_size)

@@ -43,8 +43,9 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
     def answer(q, history, doc_ids, conv_id, *setting_values):
         if not q or not q.strip():
             raise gr.Error("Type a question first.")
+        doc_ids = list(doc_ids or []) or [d.record.id for d in service.documents()]  # none chosen: the library
         if not doc_ids:
-            raise gr.Error("Choose at least one document in the Library tab.")
+            raise gr.Error("Add a document in the Library tab first.")
         params, chunk_size = to_params(service, *setting_values)
         history = list(history or []) + [{"role": "user", "content": q},
                                          {"role": "assistant", "content": "selecting chunks..."}]

@@ -73,6 +73,10 @@ def build(service: DocQA):
               concurrency_id="model")
     delete.click(remove, [victim], [table, victim, selected], api_name="delete_document")
     gr.Timer(1.0).tick(active_jobs, None, jobs, api_visibility="private")
-    gr.api(lambda: [{"id": d.record.id, "name": d.record.name, "pages": d.record.page_count, "chunks": d.chunks,
-                     "cached": d.cached} for d in service.documents()], api_name="list_documents")
+    def list_documents() -> list[dict]:
+        """Every stored document: id, name, pages, chunks, cached."""
+        return [{"id": d.record.id, "name": d.record.name, "pages": d.record.page_count, "chunks": d.chunks,
+                 "cached": d.cached} for d in service.documents()]
+
+    gr.api(list_documents, api_name="list_documents")
     return selected, table

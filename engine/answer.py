@@ -210,13 +210,7 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
     else:
         runner = _method_runner(model, attention, documents, prompt, rows, refs, chosen, params, trace)
     t = clock.lap("kv_build", t)
-    loop = run_blocks(runner, cfg, params.sampling, generator, device)
-    while True:
-        try:
-            yield next(loop)
-        except StopIteration as done:
-            outcome = done.value
-            break
+    outcome = yield from run_blocks(runner, cfg, params.sampling, generator, device)
     clock.lap("decode", t)
     trace.steps, trace.forward_passes = outcome.steps, outcome.forward_passes
     text = tokenizer.decode(outcome.answer_ids, skip_special_tokens=True).strip()

@@ -115,13 +115,7 @@ class Engine:
             raise ValueError("the prompt is empty")
         generator = torch.Generator(device=self.device).manual_seed(params.seed)
         start = time.perf_counter()
-        loop = dense_decode(self.model, self.attention, torch.tensor(ids), params, generator)
-        while True:
-            try:
-                yield next(loop)
-            except StopIteration as done:
-                outcome = done.value
-                break
+        outcome = yield from dense_decode(self.model, self.attention, torch.tensor(ids), params, generator)
         text = self.tokenizer.decode(outcome.answer_ids, skip_special_tokens=True)
         yield GenerationResult(text=text, answer_ids=outcome.answer_ids, prompt_tokens=len(ids),
                                steps=outcome.steps, forward_passes=outcome.forward_passes,

@@ -94,7 +94,13 @@ def _build_parser() -> argparse.ArgumentParser:
 
     ask = sub.add_parser("ask", help="ask a question about stored documents (names or ids)")
     service_args(ask)
-    ask.add_argument("documents", nargs="+", help="document names or ids, then the question last")
+    ask.add_argument("documents", nargs="+",
+                     help="document names, ids or @collection names, then the question last")
+
+    col = sub.add_parser("collection", help="save a named set of documents (ask it as @NAME)")
+    service_args(col)
+    col.add_argument("name")
+    col.add_argument("documents", nargs="*", help="document names or ids (none: delete the collection)")
 
     ls = sub.add_parser("list", help="list stored documents")
     service_args(ls)
@@ -226,8 +232,14 @@ def _service(args: argparse.Namespace, **kw):
 
 def _resolve(service, names: list[str]) -> list[str]:
     docs = service.documents()
+    collections = service.collections()
     out = []
     for name in names:
+        if name.startswith("@"):
+            if name[1:] not in collections:
+                raise ValueError(f"no collection named {name[1:]!r} (see docqa collection)")
+            out += collections[name[1:]]
+            continue
         hits = [d.record.id for d in docs if d.record.id == name or d.record.id.startswith(name)
                 or d.record.name == name]
         if not hits:
@@ -301,6 +313,18 @@ def _cmd_rm(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_collection(args: argparse.Namespace) -> int:
+    service = _service(args)
+    if not args.documents:
+        print(f"deleted collection {args.name}" if service.delete_collection(args.name)
+              else f"no collection named {args.name}")
+        return EXIT_OK
+    ids = _resolve(service, args.documents)
+    service.save_collection(args.name, ids)
+    print(f"collection {args.name}: {len(ids)} document(s); ask it with: docqa ask @{args.name} \"question\"")
+    return EXIT_OK
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from ui.app import launch
 
@@ -320,7 +344,8 @@ def _cmd_make_random_model(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"generate": _cmd_generate, "answer": _cmd_answer, "eval": _cmd_eval, "eval-data": _cmd_eval_data,
-            "ingest": _cmd_ingest, "ask": _cmd_ask, "list": _cmd_list, "rm": _cmd_rm, "serve": _cmd_serve,
+            "ingest": _cmd_ingest, "ask": _cmd_ask, "collection": _cmd_collection, "list": _cmd_list,
+            "rm": _cmd_rm, "serve": _cmd_serve,
              "make-random-model": _cmd_make_random_model}
 
 

@@ -196,6 +196,15 @@ class DocQA:
             upload.unlink(missing_ok=True)
         return self.store.delete_document(doc_id)
 
+    def save_collection(self, name: str, document_ids: list[str]) -> None:
+        self.store.save_collection(name, document_ids)
+
+    def collections(self) -> dict[str, list[str]]:
+        return self.store.collections()
+
+    def delete_collection(self, name: str) -> bool:
+        return self.store.delete_collection(name)
+
     # ---- questions -------------------------------------------------------------------------------
 
     def params(self, **overrides) -> AnswerParams:

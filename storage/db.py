@@ -138,3 +138,20 @@ def m002_jobs(db: Database) -> None:
         updated_at TEXT NOT NULL
     ) STRICT
     """)
+
+
+@migrations()
+def m003_collections(db: Database) -> None:
+    """Named sets of documents, asked together."""
+    _run_statements(db, """
+    CREATE TABLE collections (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        created_at TEXT NOT NULL
+    ) STRICT;
+    CREATE TABLE collection_documents (
+        collection_id INTEGER NOT NULL REFERENCES collections(id) ON DELETE CASCADE,
+        document_id TEXT NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+        PRIMARY KEY (collection_id, document_id)
+    ) STRICT
+    """)

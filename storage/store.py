@@ -406,6 +406,35 @@ class DocumentStore:
         where = "WHERE state = 'running'" if active_only else ""
         return list(self.db.query(f"SELECT * FROM jobs {where} ORDER BY id DESC LIMIT 50"))
 
+    # ---- collections -------------------------------------------------------------------------
+
+    def save_collection(self, name: str, document_ids: list[str]) -> None:
+        """Creates or replaces the named collection with exactly these documents."""
+        name = name.strip()
+        if not name:
+            raise ValueError("a collection needs a name")
+        with self.db.atomic():
+            self.db.execute("INSERT OR IGNORE INTO collections (name, created_at) VALUES (?, ?)", [name, _now()])
+            cid = next(self.db.query("SELECT id FROM collections WHERE name = ?", [name]))["id"]
+            self.db.execute("DELETE FROM collection_documents WHERE collection_id = ?", [cid])
+            for doc_id in dict.fromkeys(document_ids):
+                if self.get_document(doc_id) is None:
+                    raise ValueError(f"unknown document {doc_id}")
+                self.db.execute("INSERT INTO collection_documents VALUES (?, ?)", [cid, doc_id])
+
+    def collections(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for row in self.db.query("SELECT c.name, d.document_id FROM collections c LEFT JOIN collection_documents d "
+                                 "ON d.collection_id = c.id ORDER BY c.name"):
+            out.setdefault(row["name"], [])
+            if row["document_id"]:
+                out[row["name"]].append(row["document_id"])
+        return out
+
+    def delete_collection(self, name: str) -> bool:
+        with self.db.atomic():
+            return self.db.execute("DELETE FROM collections WHERE name = ?", [name]).rowcount > 0
+
     # ---- conversations -----------------------------------------------------------------------
 
     def create_conversation(self, title: str) -> str:

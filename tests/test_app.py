@@ -244,3 +244,67 @@ def test_browser_upload_ask_and_inspect(server, tmp_path):
         expect(page.locator("#relevance")).to_be_visible(timeout=30_000)
         page.screenshot(path=str(shots / "inspect.png"), full_page=True)
         browser.close()
+
+
+def test_collections(service):
+    a, _ = service.ingest(small_pdf(pages=2, needle_page=1), "a.pdf")
+    b, _ = service.ingest(b"Notes about the harbour.\n\nThe gate code is 55-1207.", "b.md")
+    service.save_collection("harbour", [a.record.id, b.record.id])
+    assert set(service.collections()["harbour"]) == {a.record.id, b.record.id}
+    result = service.answer(NEEDLE_Q, service.collections()["harbour"])
+    assert result.answer == "6150382" and result.citations[0].document == "a.pdf"
+    with pytest.raises(ValueError, match="needs a name"):
+        service.save_collection("  ", [a.record.id])
+    assert service.delete_collection("harbour") and "harbour" not in service.collections()
+
+
+CLI_ENV = {"GRADIO_ANALYTICS_ENABLED": "False"}
+
+
+def test_cli_ingest_ask_list_rm(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "app.cli", *args, "--data-dir", str(tmp_path / "d"),
+                               "--device", "cpu"], capture_output=True, text=True, timeout=600,
+                              env=os.environ | CLI_ENV)
+
+    pdf = tmp_path / "cli-notes.pdf"
+    pdf.write_bytes(small_pdf())
+    res = cli("ingest", str(pdf))
+    assert res.returncode == 0 and "added: cli-notes.pdf" in res.stdout, res.stderr
+    res = cli("ask", "cli-notes.pdf", NEEDLE_Q)
+    assert res.returncode == 0 and res.stdout.strip() == "6150382", res.stderr
+    assert "[cli-notes.pdf, p. 3" in res.stderr
+    assert "cli-notes.pdf" in cli("list").stdout
+    bad = tmp_path / "photo.pdf"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+    res = cli("ingest", str(bad))
+    assert res.returncode == 1 and "photo.pdf is a PNG image" in res.stderr and "Traceback" not in res.stderr
+    res = cli("ask", "nothing.pdf", "What?")
+    assert res.returncode == 2 and "no stored document named 'nothing.pdf'" in res.stderr
+    assert cli("rm", "cli-notes.pdf").returncode == 0
+    assert "no documents yet" in cli("list").stdout
+
+
+@pytest.mark.slow
+def test_300_page_pdf_ingests_with_progress(service, tmp_path):
+    import time
+
+    pdf = FPDF()
+    pdf.set_creation_date(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    pdf.set_font("Helvetica", size=10)
+    for p in range(300):
+        pdf.add_page()
+        pdf.multi_cell(0, 5, f"Page {p + 1}. " + "The pilot boats reviewed the quay repairs with the crew. " * 12)
+    fractions, stages = [], []
+    start = time.perf_counter()
+    info, _ = service.ingest(bytes(pdf.output()), "long.pdf",
+                             progress=lambda stage, frac: (fractions.append(frac), stages.append(stage)))
+    seconds = time.perf_counter() - start
+    assert info.record.page_count == 300 and info.cached
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert any("extracting page 300/300" in s for s in stages) and any(s.startswith("encoding chunk") for s in stages)
+    print(f"300-page PDF: {info.tokens} tokens, {info.chunks} chunks, ingested in {seconds:.1f} s")

@@ -40,6 +40,23 @@ def build(service: DocQA):
                 delete = gr.Button("Delete", variant="stop")
     selected = gr.CheckboxGroup(choices=choices(service), value=[c[1] for c in choices(service)],
                                 label="Documents the chat uses", elem_id="chat-documents")
+    with gr.Row():
+        collection = gr.Dropdown(choices=sorted(service.collections()), label="Use a collection", scale=2)
+        collection_name = gr.Textbox(label="Save the chosen documents as a collection named", scale=2)
+        save = gr.Button("Save collection", scale=1)
+
+    def use_collection(name):
+        return gr.update(value=service.collections().get(name, [])) if name else gr.update()
+
+    def save_collection(name, doc_ids):
+        try:
+            service.save_collection(name or "", list(doc_ids or []))
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
+        return gr.update(choices=sorted(service.collections()), value=name.strip())
+
+    collection.change(use_collection, collection, selected, api_visibility="private")
+    save.click(save_collection, [collection_name, selected], collection, api_name="save_collection")
 
     def ingest(paths, pw, progress=gr.Progress()):  # noqa: B008 (Gradio injects the tracker)
         lines = []

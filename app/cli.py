@@ -215,8 +215,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             if seen[(s.task, s.length)] <= args.max_samples:
                 kept.append(s)
         samples = kept
+    args.out.mkdir(parents=True, exist_ok=True)
     rows = evaluate(engine, samples, args.modes, model_defaults(args.model).chunk_size, args.dense_max_tokens,
-                    progress=lambda line: print(line, file=sys.stderr, flush=True))
+                    progress=lambda line: print(line, file=sys.stderr, flush=True), rows_path=args.out / "rows.jsonl")
     write_reports(rows, args.out, {"model": str(args.model), "device": str(engine.device),
                                    "modes": args.modes, "lengths": args.lengths})
     print(summarize(rows))

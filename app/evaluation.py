@@ -33,7 +33,9 @@ class EvalRow:
 
 
 def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chunk_size: int,
-             dense_max_tokens: int, progress=print) -> list[EvalRow]:
+             dense_max_tokens: int, progress=print, rows_path: Path | None = None) -> list[EvalRow]:
+    """Runs every sample in every mode; each row is also appended to `rows_path` (JSON lines) as
+    soon as it is scored, so an interrupted evaluation keeps what it measured."""
     rows = []
     for s in samples:
         enc = engine.tokenizer(s.context, add_special_tokens=False, return_offsets_mapping=True)
@@ -58,6 +60,9 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
             row = EvalRow(s.task, s.length, s.index, mode, ruler.score(s.task, result.text, s.outputs),
                           result.text, [str(o) for o in s.outputs], s.depth, selected, seconds)
             rows.append(row)
+            if rows_path is not None:
+                with open(rows_path, "a") as f:
+                    f.write(json.dumps(asdict(row)) + "\n")
             progress(f"{s.task} {s.length} #{s.index} {mode}: {row.score:.2f} ({row.seconds:.1f} s) "
                      f"{result.text[:40]!r} vs {row.outputs[:2]}")
     return rows

@@ -23,7 +23,7 @@ NEEDLE = "One of the special magic numbers for amber-falcon is: 6150382."
 NEEDLE_Q = "What is the special magic number for amber-falcon mentioned in the provided text?"
 
 
-def small_pdf(pages: int = 4, needle_page: int = 3, text: bool = True) -> bytes:
+def small_pdf(pages: int = 4, needle_page: int = 3, text: bool = True, needle: str = NEEDLE) -> bytes:
     pdf = FPDF()
     pdf.set_creation_date(datetime(2026, 1, 1, tzinfo=timezone.utc))  # same bytes every time
     for p in range(1, pages + 1):
@@ -32,7 +32,7 @@ def small_pdf(pages: int = 4, needle_page: int = 3, text: bool = True) -> bytes:
             pdf.set_font("Helvetica", size=11)
             body = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " * 6
             if p == needle_page:
-                body += NEEDLE
+                body += needle
             pdf.multi_cell(0, 6, body)
     return bytes(pdf.output())
 
@@ -221,8 +221,10 @@ def test_browser_upload_ask_and_inspect(server, tmp_path):
         pytest.skip("Debian chromium is not installed (.ci/run installs it)")
     from playwright.sync_api import expect, sync_playwright
 
-    pdf = tmp_path / "browser-notes.pdf"
-    pdf.write_bytes(small_pdf(pages=5, needle_page=4))
+    pdf = tmp_path / "browser-notes.pdf"  # its own needle: other documents in the library hold NEEDLE
+    pdf.write_bytes(small_pdf(pages=5, needle_page=4,
+                              needle="One of the special magic numbers for crimson-otter is: 2718281."))
+    question = "What is the special magic number for crimson-otter mentioned in the provided text?"
     shots = Path(__file__).resolve().parents[1] / "test-artifacts"
     shots.mkdir(exist_ok=True)
     with sync_playwright() as p:
@@ -233,11 +235,13 @@ def test_browser_upload_ask_and_inspect(server, tmp_path):
         page.goto(server)
         page.locator("#upload input[type=file]").set_input_files(str(pdf))
         page.locator("#add-documents").click()
-        expect(page.locator("#ingest-status")).to_contain_text("browser-notes.pdf", timeout=120_000)
+        # "chunks)" is in the final status only (the progress overlay also names the file).
+        expect(page.locator("#ingest-status")).to_contain_text("browser-notes.pdf: added", timeout=180_000)
+        expect(page.locator("#ingest-status")).to_contain_text("chunks)", timeout=180_000)
         page.get_by_role("tab", name="Chat").click()
-        page.locator("#question textarea").fill(NEEDLE_Q)
+        page.locator("#question textarea").fill(question)
         page.locator("#ask").click()
-        expect(page.locator("#chatbot")).to_contain_text("6150382", timeout=300_000)
+        expect(page.locator("#chatbot")).to_contain_text("2718281", timeout=300_000)
         expect(page.locator("#chatbot")).to_contain_text("browser-notes.pdf", timeout=30_000)
         page.screenshot(path=str(shots / "chat.png"), full_page=True)
         page.get_by_role("tab", name="Inspect").click()

@@ -73,14 +73,14 @@ def build(service: DocQA):
                 lines.append(f"- **{name}**: not added: {exc}")
         docs = choices(service)
         return ("\n".join(lines) or "Choose files first.", documents_frame(service),
-                gr.update(choices=docs), gr.update(choices=docs, value=[d[1] for d in docs]))
+                gr.Dropdown(choices=docs), gr.CheckboxGroup(choices=docs, value=[d[1] for d in docs]))
 
     def remove(doc_id):
         if doc_id:
             service.delete(doc_id)
         docs = choices(service)
-        return documents_frame(service), gr.update(choices=docs, value=None), gr.update(choices=docs,
-                                                                                        value=[d[1] for d in docs])
+        return (documents_frame(service), gr.Dropdown(choices=docs, value=None),
+                gr.CheckboxGroup(choices=docs, value=[d[1] for d in docs]))
 
     def active_jobs():
         running = service.jobs(active_only=True)

@@ -184,16 +184,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(service, tmp_path_factory):
+def _serve(service, tmp_path_factory):
     import os
 
     os.environ["GRADIO_TEMP_DIR"] = str(tmp_path_factory.mktemp("gradio"))
     from ui.app import launch
 
     port = _free_port()
-    demo = launch(service, host="127.0.0.1", port=port, block=False)
-    yield f"http://127.0.0.1:{port}/"
+    return launch(service, host="127.0.0.1", port=port, block=False), f"http://127.0.0.1:{port}/"
+
+
+@pytest.fixture(scope="module")
+def server(service, tmp_path_factory):
+    demo, url = _serve(service, tmp_path_factory)
+    yield url
+    demo.close()
+
+
+@pytest.fixture
+def fresh_server(tmp_path_factory):
+    """A server over an empty library, as a new user sees it."""
+    demo, url = _serve(DocQA(ServiceConfig(data_dir=tmp_path_factory.mktemp("fresh"), device="cpu")),
+                       tmp_path_factory)
+    yield url
     demo.close()
 
 
@@ -215,7 +228,7 @@ def test_gradio_api(server, tmp_path):
         else "6150382" in final[0][-1]["content"]
 
 
-def test_browser_upload_ask_and_inspect(server, tmp_path):
+def test_browser_upload_ask_and_inspect(fresh_server, tmp_path):
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
     if not Path(chromium).exists():
         pytest.skip("Debian chromium is not installed (.ci/run installs it)")
@@ -232,7 +245,7 @@ def test_browser_upload_ask_and_inspect(server, tmp_path):
             "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync"])
         page = browser.new_page(viewport={"width": 1300, "height": 1000})
-        page.goto(server)
+        page.goto(fresh_server)
         page.locator("#upload input[type=file]").set_input_files(str(pdf))
         page.locator("#add-documents").click()
         # "chunks)" is in the final status only (the progress overlay also names the file).

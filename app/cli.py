@@ -109,6 +109,18 @@ def _build_parser() -> argparse.ArgumentParser:
     service_args(rm)
     rm.add_argument("documents", nargs="+")
 
+    bn = sub.add_parser("bench", help="KV modes side by side on random-weight models at real shapes")
+    bn.add_argument("--shape", choices=("dream-7b", "llada-8b", "tiny"), default="dream-7b")
+    bn.add_argument("--contexts", type=int, nargs="+", default=[8192, 16384, 32768, 65536, 131072])
+    bn.add_argument("--answers", type=int, nargs="+", default=[32, 256])
+    bn.add_argument("--modes", nargs="+", default=["static", "joint", "fastdllm", "dense"])
+    bn.add_argument("--chunk-size", type=int, default=512)
+    bn.add_argument("--top-k", type=int, default=4)
+    bn.add_argument("--dense-budget-s", type=float, default=120.0,
+                    help="above this estimated time, dense runs 3 steps and is extrapolated")
+    bn.add_argument("--device", default=None)
+    bn.add_argument("--out", type=Path, default=Path("bench-out"))
+
     mk = sub.add_parser("make-random-model",
                         help="write a tiny random checkpoint (Dream or LLaDA format) for trying things")
     mk.add_argument("folder", type=Path)
@@ -334,6 +346,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from app import bench
+
+    rows = bench.run(args.shape, args.contexts, args.answers, args.modes, args.device, args.chunk_size, args.top_k,
+                     args.dense_budget_s, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    meta = {"shape": args.shape, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "torch": torch.__version__, "chunk_size": args.chunk_size, "top_k": args.top_k,
+            "rule": "one token committed per step in every mode"}
+    bench.write(rows, args.out, meta)
+    print(bench.table(rows))
+    return EXIT_OK
+
+
 def _cmd_make_random_model(args: argparse.Namespace) -> int:
     from app.random_checkpoint import write_random_checkpoint
 
@@ -346,7 +373,7 @@ def _cmd_make_random_model(args: argparse.Namespace) -> int:
 
 COMMANDS = {"generate": _cmd_generate, "answer": _cmd_answer, "eval": _cmd_eval, "eval-data": _cmd_eval_data,
             "ingest": _cmd_ingest, "ask": _cmd_ask, "collection": _cmd_collection, "list": _cmd_list,
-            "rm": _cmd_rm, "serve": _cmd_serve,
+            "rm": _cmd_rm, "serve": _cmd_serve, "bench": _cmd_bench,
              "make-random-model": _cmd_make_random_model}
 
 

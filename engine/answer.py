@@ -168,15 +168,22 @@ def _dense_prompt(prompt: QuestionPrompt, documents: Sequence[DocumentKV], bos_i
 
 @torch.inference_mode()
 def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
-                  documents: Sequence[DocumentKV], question: str,
+                  documents: Sequence[DocumentKV], question: str | QuestionPrompt,
                   params: AnswerParams = AnswerParams()) -> Iterator[DecodeStep | AnswerResult]:
-    """Yields a DecodeStep per denoising step, then the AnswerResult."""
+    """Yields a DecodeStep per denoising step, then the AnswerResult.
+
+    `question` is text, or an already tokenized QuestionPrompt (benchmarks with random models use
+    that and pass no tokenizer; the result's text is then empty).
+    """
     cfg = model.cfg
     device = model.embed_tokens.weight.device
     clock = _Clock(device)
     t = time.perf_counter()
-    prompt = build_question_prompt(tokenizer, question, cfg.bos_token_id, params.instruction,
-                                   params.use_chat_template)
+    if isinstance(question, QuestionPrompt):
+        prompt = question
+    else:
+        prompt = build_question_prompt(tokenizer, question, cfg.bos_token_id, params.instruction,
+                                       params.use_chat_template)
     sp = params.scoring
     baseline = params.kv_mode in ("dense", "fastdllm")  # no chunking, nothing to score
     draft = None
@@ -213,7 +220,7 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
     outcome = yield from run_blocks(runner, cfg, params.sampling, generator, device)
     clock.lap("decode", t)
     trace.steps, trace.forward_passes = outcome.steps, outcome.forward_passes
-    text = tokenizer.decode(outcome.answer_ids, skip_special_tokens=True).strip()
+    text = tokenizer.decode(outcome.answer_ids, skip_special_tokens=True).strip() if tokenizer is not None else ""
     yield AnswerResult(text=text, answer_ids=outcome.answer_ids, trace=trace,
                        stopped_early=outcome.stopped_early)
 

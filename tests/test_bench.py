@@ -1,0 +1,26 @@
+"""`docqa bench` on a tiny random model (the real shapes need a GPU: see docs/PERFORMANCE.md)."""
+
+from __future__ import annotations
+
+import json
+
+from app import bench
+
+
+def test_bench_runs_every_mode_with_the_same_rule(tmp_path):
+    rows = bench.run("tiny", [128, 256], [32], ["static", "joint", "fastdllm", "dense"], "cpu", chunk_size=32,
+                     top_k=2, dense_budget_s=0.0, progress=lambda line: None)
+    assert {(r.mode, r.context) for r in rows} == {(m, c) for m in ("static", "joint", "fastdllm", "dense")
+                                                   for c in (128, 256)}
+    for r in rows:
+        assert r.steps == 32  # one token per step in every mode
+        assert r.extrapolated == (r.mode == "dense")  # a zero budget forces dense extrapolation
+        assert r.cached_question_s > 0 and r.first_question_s >= r.cached_question_s
+        if r.mode in ("static", "joint"):
+            assert r.prefill_s > 0 and {"scoring", "kv_build", "decode"} <= set(r.phases)
+    bench.write(rows, tmp_path, {"shape": "tiny"})
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert len(data["rows"]) == 8
+    md = (tmp_path / "bench.md").read_text()
+    assert "| tiny | 256 | 32 | dense |" in md and "(extrapolated)" in md
+    assert (tmp_path / "bench.png").stat().st_size > 1000

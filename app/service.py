@@ -24,7 +24,7 @@ from app.ingest import IngestError, extract
 from app.kv_service import DocumentKVService
 from engine import AnswerParams, AnswerResult, Engine
 from engine.decode import DecodeStep
-from storage import ChunkRecord, DocumentRecord, DocumentStore, PageSpan, ResultCache, TieredKVPool
+from storage import DocumentRecord, DocumentStore, PageSpan, ResultCache, TieredKVPool
 
 logger = logging.getLogger(__name__)
 
@@ -281,13 +281,10 @@ class DocQA:
             out.append(self.engine.tokenizer.decode(run, skip_special_tokens=True))
         return "".join(out).rstrip(MASK_GLYPH) or MASK_GLYPH
 
-    def _chunk_records(self, doc_id: str, size: int) -> list[ChunkRecord]:
-        return self.kv.chunks(doc_id, size)
-
     def _build_result(self, res: AnswerResult, records: list[DocumentRecord], size: int, conversation_id: str,
                       load_s: float) -> AskResult:
         tr = res.trace
-        chunk_meta = {i: self._chunk_records(r.id, size) for i, r in enumerate(records)}
+        chunk_meta = {i: self.kv.chunks(r.id, size) for i, r in enumerate(records)}
         pages = {i: self.store.pages(r.id) for i, r in enumerate(records)}
         selected = {(c.document, c.chunk) for c in tr.selected}
         scores = []

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import AttentionBackend, dense_mask, full_mask
+from engine.decode import block_logits
 from engine.kv_cache import DocumentKV
 from engine.model import AttentionCapture, DiffusionLM
-from engine.sampling import prediction_rows, propose
+from engine.sampling import propose
 from engine.scoring import (
     SCORERS,
     attention_mass,
@@ -95,10 +96,8 @@ def draft_pseudo_labels(model: DiffusionLM, attention: AttentionBackend, prompt_
     committed = torch.zeros(slots, dtype=torch.bool, device=device)
     for _ in range(rounds + 1):
         masked = torch.nonzero(~committed)[:, 0]  # slot indices
-        frame = prediction_rows(masked + 1, cfg.logits_shifted)  # frame row 0 = the anchor
-        out = model(block, positions, full_mask(), attention, past=ctx.kv,
-                    logits_rows=(frame - 1).clamp_min(0), return_kv=False)
-        logits = torch.where((frame == 0)[:, None], anchor[None], out.logits[0])
+        logits = block_logits(model, attention, block, positions, full_mask(), ctx.kv, masked,
+                              anchor if cfg.logits_shifted else None)
         proposal = propose(logits, 0.0, None, None, None)
         pick = torch.argmax(proposal.confidence)
         if cfg.logits_shifted and bool(masked[0] == 0):

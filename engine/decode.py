@@ -99,6 +99,20 @@ def run_blocks(runner: StepRunner, cfg: ModelConfig, params: SamplingParams,
                          stopped_early=stopped_early)
 
 
+def block_logits(model: DiffusionLM, attention: AttentionBackend, ids: torch.Tensor, positions: torch.Tensor,
+                 mask, past, slots: torch.Tensor, anchor: torch.Tensor | None) -> torch.Tensor:
+    """Logits [M, V] for block slots `slots` ([M], 0-based in the block) from one block forward.
+
+    For a shifted-logit model, slot 0 is predicted by the row before the block, whose logits
+    (`anchor`, [V]) were computed with that row's KV; every other slot by the block row before it.
+    """
+    frame = prediction_rows(slots + 1, model.cfg.logits_shifted)  # frame row 0 = the row before the block
+    out = model(ids, positions, mask, attention, past=past, logits_rows=(frame - 1).clamp_min(0), return_kv=False)
+    if anchor is None:
+        return out.logits[0]
+    return torch.where((frame == 0)[:, None], anchor[None], out.logits[0])
+
+
 class DenseRunner:
     """Every step recomputes [prompt | whole answer canvas] with full bidirectional attention."""
 
@@ -163,12 +177,10 @@ class FastDLLMRunner:
         if self._first_logits is not None:
             first, self._first_logits = self._first_logits, None
             return first[slots - lo]
-        frame = prediction_rows(slots - lo + 1, self.model.cfg.logits_shifted)  # 0 = row before block
-        ids = answer[None, lo:lo + self.block_length]
-        out = self.model(ids, self._block_pos, full_mask(), self.attention, past=self._past,
-                         logits_rows=(frame - 1).clamp_min(0), return_kv=False)
         self.forward_passes += 1
-        return torch.where((frame == 0)[:, None], self._anchor[None], out.logits[0])
+        anchor = self._anchor if self.model.cfg.logits_shifted else None
+        return block_logits(self.model, self.attention, answer[None, lo:lo + self.block_length], self._block_pos,
+                            full_mask(), self._past, slots - lo, anchor)
 
 
 def dense_decode(model: DiffusionLM, attention: AttentionBackend, prompt_ids: torch.Tensor,

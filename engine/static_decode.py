@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import AttentionBackend, full_mask
+from engine.decode import block_logits
 from engine.kv_cache import flatten_chunks, gather_kept_tokens, place_chunks
 from engine.model import AttentionCapture, DiffusionLM, LayerKV
 from engine.prompting import QuestionPrompt
@@ -183,14 +184,10 @@ class StaticRunner:
         if self._pending_first is not None:
             first, self._pending_first = self._pending_first, None
             return first[slots - lo]
-        frame = prediction_rows(slots - lo + 1, self.model.cfg.logits_shifted)  # 0 = row before block
         ids, positions, mask = self._block_inputs(block, answer)
-        out = self.model(ids, positions, mask, self.attention, past=self.ctx.kv,
-                         logits_rows=(frame - 1).clamp_min(0), return_kv=False)
         self.forward_passes += 1
-        if self.ctx.anchor_logits is None:
-            return out.logits[0]
-        return torch.where((frame == 0)[:, None], self.ctx.anchor_logits[None], out.logits[0])
+        return block_logits(self.model, self.attention, ids, positions, mask, self.ctx.kv, slots - lo,
+                            self.ctx.anchor_logits)
 
     def block_done(self, block: int, answer: torch.Tensor) -> None:
         if self.on_block_done is not None:

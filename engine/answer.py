@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.attention import AttentionBackend
+from engine.attention.split_kv import head_dim_supported, kernel_usable
 from engine.chunk_scorer import (
     ScoringParams,
     chunk_relevance,
@@ -24,6 +25,7 @@ from engine.chunk_scorer import (
 from engine.decode import DecodeStep, DenseRunner, FastDLLMRunner, run_blocks
 from engine.kv_cache import POSITION_MODES, DocumentKV, chunk_deltas, gather_kept_tokens
 from engine.model import DiffusionLM
+from engine.paged_decode import PagedStaticRunner, build_paged_context, paged_decoding_supported
 from engine.prompting import DEFAULT_INSTRUCTION, QuestionPrompt, build_question_prompt
 from engine.sampling import SamplingParams
 from engine.scoring import auto_top_k, select_kept_tokens, select_top_chunks
@@ -36,6 +38,7 @@ from engine.static_decode import (
 )
 
 KV_MODES = ("static", "joint", "dense", "fastdllm")
+STATIC_LAYOUTS = ("auto", "paged", "contiguous")
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,11 @@ class AnswerParams:
     reselect_every: int = 0  # re-score and re-select after every this many finished blocks (0: never)
     instruction: str = DEFAULT_INSTRUCTION
     use_chat_template: bool = True
+    # How static decoding reads its context: "paged" = split-KV over the document's chunk pages with
+    # the answer's KV written in place (CUDA graphs on CUDA); "contiguous" = the selected KV gathered
+    # and concatenated (the reference route); "auto" = paged wherever it runs natively (CUDA with
+    # Triton, one document already on the GPU, no re-selection), else contiguous.
+    static_layout: str = "auto"
 
     def __post_init__(self) -> None:
         if self.kv_mode not in KV_MODES:
@@ -64,6 +72,8 @@ class AnswerParams:
             raise ValueError("token_budget must be 0 (keep all) or >= 2 (BOS + at least one token)")
         if self.reselect_every < 0:
             raise ValueError("reselect_every must be >= 0")
+        if self.static_layout not in STATIC_LAYOUTS:
+            raise ValueError(f"unknown static_layout {self.static_layout!r}; choose from {', '.join(STATIC_LAYOUTS)}")
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,7 @@ class AnswerTrace:
     steps: int = 0
     forward_passes: int = 0
     reselections: list[list[ChunkRef]] = field(default_factory=list)
+    static_layout: str = "contiguous"  # how static decoding read its context (see AnswerParams)
 
 
 @dataclass
@@ -225,13 +236,26 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
                        stopped_early=outcome.stopped_early)
 
 
+def _use_paged(model: DiffusionLM, documents: Sequence[DocumentKV], params: AnswerParams) -> bool:
+    if params.kv_mode != "static" or params.static_layout == "contiguous":
+        return False
+    single = len(documents) == 1 and params.reselect_every == 0
+    if params.static_layout == "paged":
+        if not single:
+            raise ValueError("static_layout 'paged' serves one document without re-selection")
+        return True
+    device = model.embed_tokens.weight.device
+    return (single and documents[0].device == device and paged_decoding_supported(device)
+            and head_dim_supported(model.cfg.head_dim))
+
+
 def _method_runner(model, attention, documents, prompt, rows, refs, chosen, params: AnswerParams,
-                   trace: AnswerTrace) -> StaticRunner:
+                   trace: AnswerTrace) -> StaticRunner | PagedStaticRunner:
     """Static or joint context over the selected chunks, with optional re-selection per block."""
     total = sum(d.num_chunks for d in documents)
     prefix_len = len(prompt.prefix_ids)
 
-    def context_for(sel_refs, sel_ordinals, extra_ids=None) -> tuple[FixedContext, list[list[int]]]:
+    def context_for(sel_refs, sel_ordinals, extra_ids=None) -> tuple[FixedContext, list[list[int]], SelectedChunks]:
         if not sel_refs:
             raise ValueError("no chunk to answer from: the documents are empty")
         chunks, counts, query_start = _gather_selected(model, attention, documents, sel_refs, rows, params,
@@ -241,11 +265,19 @@ def _method_runner(model, attention, documents, prompt, rows, refs, chosen, para
                                       params.sampling.gen_length, params.sampling.block_length)
         else:
             ctx = build_static_context(model, attention, prompt, chunks, query_start, extra_ids)
-        return ctx, counts
+        return ctx, counts, chunks
 
-    ctx, trace.kept_tokens = context_for(refs, chosen.tolist())
+    ctx, trace.kept_tokens, chunks = context_for(refs, chosen.tolist())
     trace.anchors_decode = ctx.anchors
     answer_start = ctx.answer_start
+    if _use_paged(model, documents, params):
+        device = model.embed_tokens.weight.device
+        paged = build_paged_context(model, ctx, documents[0], [r.chunk for r in refs], chunks, prefix_len,
+                                    params.sampling.gen_length, params.sampling.block_length,
+                                    use_kernel=kernel_usable(device) and head_dim_supported(model.cfg.head_dim))
+        trace.static_layout = "paged"
+        return PagedStaticRunner(model, attention, paged, params.sampling.block_length,
+                                 use_graph=device.type == "cuda")
 
     def reselect(block: int, answer: torch.Tensor) -> FixedContext | None:
         if params.reselect_every <= 0 or (block + 1) % params.reselect_every:
@@ -260,7 +292,7 @@ def _method_runner(model, attention, documents, prompt, rows, refs, chosen, para
         pool = _pool(documents)
         new_refs = [pool[i] for i in new_chosen.tolist()]
         trace.reselections.append(new_refs)
-        new_ctx, _ = context_for(new_refs, new_chosen.tolist(), extra_ids=done)
+        new_ctx, _, _ = context_for(new_refs, new_chosen.tolist(), extra_ids=done)
         return dataclasses.replace(new_ctx, answer_start=answer_start)
 
     return StaticRunner(model, attention, ctx, params.sampling.block_length,

@@ -108,9 +108,16 @@ def block_logits(model: DiffusionLM, attention: AttentionBackend, ids: torch.Ten
     """
     frame = prediction_rows(slots + 1, model.cfg.logits_shifted)  # frame row 0 = the row before the block
     out = model(ids, positions, mask, attention, past=past, logits_rows=(frame - 1).clamp_min(0), return_kv=False)
-    if anchor is None:
-        return out.logits[0]
-    return torch.where((frame == 0)[:, None], anchor[None], out.logits[0])
+    return slot_logits_from_rows(out.logits[0], slots, anchor, model.cfg.logits_shifted)
+
+
+def slot_logits_from_rows(logits: torch.Tensor, slots: torch.Tensor, anchor: torch.Tensor | None,
+                          shifted: bool) -> torch.Tensor:
+    """logits [M, V] of the block rows that predict `slots` ([M], 0-based in the block); for a
+    shifted model slot 0 takes the anchor ([V], the row before the block) instead."""
+    if not shifted or anchor is None:
+        return logits
+    return torch.where((slots == 0)[:, None], anchor[None], logits)
 
 
 class DenseRunner:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,14 @@ from engine.config import ModelConfig
 from engine.rope import apply_rope, rope_cos_sin
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]  # (keys after RoPE, values), each [B, Hkv, T, D]
+
+
+@runtime_checkable
+class AttendingCache(Protocol):
+    """A layer's past that attends by itself: `attend(q [B, Hq, T, D], k_new, v_new [B, Hkv, T, D],
+    scale) -> out [B, Hq, T, D]` over the past and the new keys together."""
+
+    def attend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, scale: float) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -75,10 +84,16 @@ class SelfAttention(nn.Module):
         q = apply_rope(q, cos, sin, cfg.rope_in_fp32)
         k = apply_rope(k, cos, sin, cfg.rope_in_fp32)
         new_kv = (k, v)
+        scale = cfg.head_dim ** -0.5
+        if isinstance(past, AttendingCache):
+            # A cache that runs its own attention (engine.paged_decode: pages read in place and
+            # the new KV written into it); it covers the whole key set, so no mask applies.
+            assert capture_rows is None, "attention capture needs a concatenated past"
+            out = past.attend(q, k, v, scale)
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), new_kv, None
         if past is not None:
             k = torch.cat((past[0], k), dim=2)
             v = torch.cat((past[1], v), dim=2)
-        scale = cfg.head_dim ** -0.5
         out, _ = attention(q, k, v, mask, scale, return_lse=False)
         probs = None
         if capture_rows is not None:
@@ -144,7 +159,8 @@ class DiffusionLM(nn.Module):
 
         input_ids, position_ids: [B, T] (positions are explicit; nothing is assumed contiguous).
         mask: over keys [past | new] ([B, Tq=T, Tk=Tp+T]).
-        past: per layer (k after RoPE, v), [B, Hkv, Tp, D], attended to but not recomputed.
+        past: per layer (k after RoPE, v), [B, Hkv, Tp, D], attended to but not recomputed, or an
+            AttendingCache per layer.
         logits_rows: [R] or [B, R] row indices into T, "all", or None for no logits.
         """
         cfg = self.cfg

@@ -44,21 +44,29 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, in_fp32: b
     return x * cos + rotate_half(x) * sin
 
 
+def shift_cos_sin(delta: torch.Tensor, head_dim: int, theta: float,
+                  scaling_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [*delta.shape, head_dim / 2] fp32 of a shift by `delta` positions.
+
+    The angles are computed in float64: an fp32 angle at a shift of 1e5 positions is off by up to
+    4e-3 rad (half an ulp of 1e5), which would show in the moved keys.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=delta.device) / head_dim))
+    freqs = (delta.to(torch.float64) / scaling_factor)[..., None] * inv_freq
+    return freqs.cos().float(), freqs.sin().float()
+
+
 def rerotate(keys: torch.Tensor, delta: torch.Tensor | int, theta: float,
              scaling_factor: float = 1.0) -> torch.Tensor:
     """Moves post-RoPE keys by `delta` positions: keys at p become keys at p + delta.
 
     keys: [..., T, D]; delta: an int or a tensor broadcastable to keys.shape[:-1] (per token or per
-    chunk). The angles are computed in float64: an fp32 angle at a shift of 1e5 positions is off
-    by up to 4e-3 rad (half an ulp of 1e5), which would show in the moved keys. The rotation
-    itself runs in fp32 and the result is returned in keys' dtype.
+    chunk). Angles in float64 (`shift_cos_sin`); the rotation runs in fp32 and the result is
+    returned in keys' dtype.
     """
     if not torch.is_tensor(delta):
         delta = torch.tensor(delta)
-    d = keys.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=keys.device) / d))
-    freqs = (delta.to(keys.device, torch.float64) / scaling_factor)[..., None] * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos().float(), emb.sin().float()
+    cos, sin = shift_cos_sin(delta.to(keys.device), keys.shape[-1], theta, scaling_factor)
+    cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
     k32 = keys.float()
     return (k32 * cos + rotate_half(k32) * sin).to(keys.dtype)

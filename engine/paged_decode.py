@@ -1,0 +1,195 @@
+"""Static decoding on the GPU fast path: split-KV attention over the document's chunk pages, the
+answer's KV written in place, and one captured CUDA graph per question for the block forward.
+
+It computes what `engine.static_decode.StaticRunner` computes (the same attention structure, see
+that module), but nothing is gathered or concatenated per step: every layer attends to
+- the selected chunks, read in place from the document's cache (`engine.attention.split_kv`), and
+- a preallocated tail [prefix | question | answer slots], where each block forward writes the
+  active block's KV into its own slots; a finished block's refresh writes its final KV there once.
+Tensor shapes never change within an answer, so one block forward is captured as a CUDA graph and
+replayed at every step (inputs copied into static buffers; no host synchronisation inside).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import AttentionBackend, full_mask
+from engine.attention.split_kv import (
+    PagedKV,
+    SplitPlan,
+    make_split_plan,
+    split_kv_attention,
+    split_kv_reference,
+    triton_available,
+)
+from engine.decode import slot_logits_from_rows
+from engine.kv_cache import DocumentKV
+from engine.model import DiffusionLM
+from engine.rope import shift_cos_sin
+from engine.sampling import prediction_rows
+from engine.static_decode import FixedContext, SelectedChunks
+
+logger = logging.getLogger(__name__)
+
+
+class PagedLayerCache:
+    """One layer's static context; the model calls `attend` in place of concatenating a past."""
+
+    def __init__(self, kv: PagedKV, plan: SplitPlan, slots: torch.Tensor, use_kernel: bool) -> None:
+        self.kv, self.plan, self.slots, self.use_kernel = kv, plan, slots, use_kernel
+
+    def attend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, scale: float) -> torch.Tensor:
+        """q [1, Hq, T, D]; k_new, v_new [1, Hkv, T, D] written to the tail rows `slots` first."""
+        self.kv.k_tail.index_copy_(1, self.slots, k_new[0])
+        self.kv.v_tail.index_copy_(1, self.slots, v_new[0])
+        if self.use_kernel:
+            return split_kv_attention(q[0], self.kv, scale, self.plan)[None]
+        return split_kv_reference(q[0], self.kv, scale)[None]
+
+
+@dataclass
+class PagedContext:
+    layers: list[PagedLayerCache]
+    slots: torch.Tensor  # [block] long: tail rows the next forward writes (shared by all layers)
+    tail_len: torch.Tensor  # [1] int32: tail rows attended (shared by all layers)
+    answer_row: int  # tail row of answer slot 0
+    answer_start: int  # position of answer slot 0
+    anchor_logits: torch.Tensor | None  # [V] the row before the answer (shifted models)
+
+
+def build_paged_context(model: DiffusionLM, ctx: FixedContext, document: DocumentKV, chunk_ids: list[int],
+                        chunks: SelectedChunks, prefix_len: int, gen_length: int, block_length: int,
+                        use_kernel: bool) -> PagedContext:
+    """Turns a static FixedContext (prefix | placed chunks | question, contiguous) into pages + tail.
+
+    The placed chunk section of `ctx` is dropped: the pages are read from `document` (on the
+    model's device) and moved to `chunks.starts` by the kernel's per-page query rotation.
+    """
+    cfg, device = model.cfg, model.embed_tokens.weight.device
+    k, c = chunks.tokens.shape
+    chunk_len = chunks.keys.shape[3]  # C, or B after token selection
+    question = slice(prefix_len + k * chunk_len, None)
+    cos, sin = shift_cos_sin(chunks.starts, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
+    page_ids = torch.tensor(chunk_ids, dtype=torch.int32, device=device)
+    tail_rows = ctx.kv[0][0].shape[2] - k * chunk_len
+    cap = tail_rows + gen_length
+    slots = torch.zeros(block_length, dtype=torch.long, device=device)
+    tail_len = torch.tensor([tail_rows], dtype=torch.int32, device=device)
+    layers = []
+    for layer, (kk, vv) in enumerate(ctx.kv):
+        if chunks.kept is None:
+            offsets = torch.arange(c).expand(k, cfg.num_kv_heads, c)
+            valid = (torch.arange(c)[None, :] < chunks.lengths[:, None])[:, None, :]
+        else:
+            offsets = chunks.kept[:, layer]  # [K, Hkv, B]
+            valid = chunks.valid[:, None, :]
+        token_ids = torch.where(valid, offsets, -1).to(torch.int32).to(device)
+        k_tail = kk.new_zeros(cfg.num_kv_heads, cap, cfg.head_dim)
+        v_tail = torch.zeros_like(k_tail)
+        for dst, src in ((k_tail, kk), (v_tail, vv)):
+            dst[:, :prefix_len] = src[0, :, :prefix_len]
+            dst[:, prefix_len:tail_rows] = src[0, :, question]
+        paged = PagedKV(document.keys[layer].to(device), document.values[layer].to(device), page_ids, token_ids,
+                        cos.to(device), sin.to(device), k_tail, v_tail, tail_len)
+        plan = make_split_plan(paged, cfg.num_heads // cfg.num_kv_heads * block_length)
+        layers.append(PagedLayerCache(paged, plan, slots, use_kernel))
+    return PagedContext(layers, slots, tail_len, tail_rows, ctx.answer_start, ctx.anchor_logits)
+
+
+class _BlockForward:
+    """Logits for every row of the active block ([T, V]); eager, or one captured CUDA graph."""
+
+    def __init__(self, model: DiffusionLM, attention: AttentionBackend, ctx: PagedContext, block_length: int,
+                 rows: torch.Tensor, use_graph: bool) -> None:
+        self.model, self.attention, self.ctx, self.rows = model, attention, ctx, rows
+        device = rows.device
+        self.ids = torch.zeros(1, block_length, dtype=torch.long, device=device)
+        self.positions = torch.zeros(1, block_length, dtype=torch.long, device=device)
+        self.use_graph = use_graph
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: torch.Tensor | None = None
+
+    def _eager(self) -> torch.Tensor:
+        return self.model(self.ids, self.positions, full_mask(), self.attention, past=self.ctx.layers,
+                          logits_rows=self.rows, return_kv=False).logits[0]
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.ids.copy_(ids)
+        self.positions.copy_(positions)
+        if not self.use_graph:
+            return self._eager()
+        if self.graph is None:
+            try:
+                self._capture()
+            except RuntimeError as e:  # e.g. an allocator or driver limit: eager is slower, not wrong
+                logger.warning("CUDA graph capture failed (%s); decoding eagerly", e)
+                self.use_graph, self.graph = False, None
+                return self._eager()
+        self.graph.replay()
+        return self.out
+
+    def _capture(self) -> None:
+        # Warm-up on a side stream (compiles the Triton kernels), then capture. Both run the real
+        # inputs, so the KV they write into the active slots is the step's own.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._eager()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.out = self._eager()
+        self.graph = graph
+
+
+class PagedStaticRunner:
+    """A StepRunner (see engine.decode) over a PagedContext."""
+
+    def __init__(self, model: DiffusionLM, attention: AttentionBackend, ctx: PagedContext, block_length: int,
+                 use_graph: bool) -> None:
+        self.model, self.ctx, self.block_length = model, ctx, block_length
+        device = ctx.slots.device
+        shifted = model.cfg.logits_shifted
+        # Rows whose logits predict block slots 0..T-1 (slot 0 of a shifted model: the anchor).
+        step_rows = (prediction_rows(torch.arange(1, block_length + 1), shifted) - 1).clamp_min(0).to(device)
+        self._step = _BlockForward(model, attention, ctx, block_length, step_rows, use_graph)
+        # The refresh of a finished block needs only its last row (the next block's anchor).
+        last = torch.tensor([block_length - 1], device=device)
+        self._refresh = _BlockForward(model, attention, ctx, block_length, last, use_graph=False)
+        self.anchor = ctx.anchor_logits
+        self.forward_passes = 2  # the prefix and question passes of the static context
+
+    def _point_at(self, block: int, answer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lo = block * self.block_length
+        row = self.ctx.answer_row + lo
+        self.ctx.slots.copy_(torch.arange(row, row + self.block_length, device=self.ctx.slots.device))
+        self.ctx.tail_len.fill_(row + self.block_length)
+        positions = self.ctx.answer_start + lo + torch.arange(self.block_length, device=answer.device)
+        return answer[None, lo:lo + self.block_length], positions[None]
+
+    def block_start(self, block: int, answer: torch.Tensor) -> None:
+        pass
+
+    def slot_logits(self, block: int, answer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        ids, positions = self._point_at(block, answer)
+        self.forward_passes += 1
+        block_rows = self._step(ids, positions)  # [T, V]
+        local = slots - block * self.block_length
+        return slot_logits_from_rows(block_rows[local], local, self.anchor, self.model.cfg.logits_shifted)
+
+    def block_done(self, block: int, answer: torch.Tensor) -> None:
+        ids, positions = self._point_at(block, answer)
+        self.forward_passes += 1
+        last = self._refresh(ids, positions)
+        if self.model.cfg.logits_shifted:
+            self.anchor = last[0].clone()
+
+
+def paged_decoding_supported(device: torch.device) -> bool:
+    """Where the fast path runs natively: CUDA with Triton."""
+    return triton_available(device)

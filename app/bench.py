@@ -23,6 +23,7 @@ from engine.answer import stream_answer
 from engine.attention import select_backend
 from engine.config import ModelConfig
 from engine.decode import DecodeStep
+from engine.kv_cache import DocumentKV
 from engine.prefill import prefill_document
 from engine.prompting import QuestionPrompt
 from engine.weights import random_model
@@ -48,6 +49,8 @@ class BenchRow:
     phases: dict[str, float]
     peak_gib: float
     extrapolated: bool
+    static_layout: str  # "paged" (split-KV + CUDA graph) or "contiguous"; "-" for other modes
+    prefill_tflops: float  # matmul TFLOP/s of the one-time chunked prefill (static / joint)
 
 
 def _sync(device: torch.device) -> None:
@@ -61,16 +64,14 @@ def _question(cfg: ModelConfig, gen: torch.Generator) -> QuestionPrompt:
 
 
 def _answer(model, attention, doc, prompt, params, max_steps: int | None):
-    """Runs one answer; with max_steps, stops after that many steps and extrapolates."""
+    """Runs one answer; with max_steps, stops after that many steps and scales the time linearly
+    to the whole answer (every step, and every block, of dense and fastdllm costs the same)."""
     device = model.embed_tokens.weight.device
     _sync(device)
     start = time.perf_counter()
-    steps, step_start, result = 0, None, None
+    steps, result = 0, None
     for event in stream_answer(model, attention, None, [doc], prompt, params):
         if isinstance(event, DecodeStep):
-            if step_start is None:
-                _sync(device)
-                step_start = time.perf_counter()
             steps += 1
             if max_steps is not None and steps >= max_steps:
                 break
@@ -78,12 +79,32 @@ def _answer(model, attention, doc, prompt, params, max_steps: int | None):
             result = event
     _sync(device)
     total = time.perf_counter() - start
-    if result is None:  # stopped early: extrapolate the decode to every step
-        per_step = (time.perf_counter() - step_start) / max(steps - 1, 1)
+    if result is None:
         gen = params.sampling.gen_length
-        return total + per_step * (gen - steps), per_step, gen, {"decode": per_step * gen}, True
+        total *= gen / steps
+        return total, total / gen, gen, {"decode": total}, True, "-"
     decode = result.trace.timings.get("decode", 0.0)
-    return total, decode / max(result.trace.steps, 1), result.trace.steps, dict(result.trace.timings), False
+    return (total, decode / max(result.trace.steps, 1), result.trace.steps, dict(result.trace.timings), False,
+            result.trace.static_layout if params.kv_mode == "static" else "-")
+
+
+def _warm_up(model, attention, cfg: ModelConfig, modes: list[str], chunk_size: int, top_k: int,
+             gen: torch.Generator) -> None:
+    """One untimed question per mode on a small document: cuBLAS, Triton compilation and lazy
+    initialisation happen here, not in the first timed context."""
+    doc = prefill_document(model, attention, torch.randint(8, cfg.vocab_size, (chunk_size * (top_k + 1),),
+                                                           generator=gen), chunk_size)
+    sampling = SamplingParams(decoder="low_confidence", gen_length=32, block_length=32, steps=32, stop_at_eos=False)
+    for mode in modes:
+        params = AnswerParams(top_k=top_k, kv_mode=mode, sampling=sampling,
+                              scoring=ScoringParams(scorer="self_information", llada_folds=4))
+        _answer(model, attention, doc, _question(cfg, gen), params, 2 if mode == "dense" else None)
+
+
+def _matmul_flops_per_token(cfg: ModelConfig) -> float:
+    """2 x the parameters a token passes through in the layers (attention scores excluded)."""
+    attn = cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+    return 2.0 * cfg.num_layers * (attn + 3 * cfg.hidden_size * cfg.intermediate_size)
 
 
 def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], device: str | None,
@@ -94,67 +115,101 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
     model = random_model(cfg, dev, dtype)
     attention = select_backend(dev, dtype)
     gen = torch.Generator().manual_seed(0)
+    _warm_up(model, attention, cfg, modes, chunk_size, top_k, gen)
     rows = []
     for context in contexts:
         tokens = torch.randint(8, cfg.vocab_size, (context,), generator=gen)
         prompt = _question(cfg, gen)
-        for answer in answers:
-            sampling = SamplingParams(decoder="low_confidence", gen_length=answer, block_length=min(32, answer),
-                                      steps=answer, stop_at_eos=False)
-            for mode in modes:
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        _sync(dev)
+        t = time.perf_counter()
+        doc = prefill_document(model, attention, tokens, chunk_size)  # once; every mode reuses it
+        _sync(dev)
+        prefill_s = time.perf_counter() - t
+        prefill_tflops = _matmul_flops_per_token(cfg) * doc.num_chunks * chunk_size / prefill_s / 1e12
+        progress(f"{shape} prefill ctx {context}: {prefill_s:.3f} s, {prefill_tflops:.0f} TFLOP/s in the matmuls")
+        dense_step_s = None
+        # The method's modes first; the baselines then run without the document's KV resident
+        # (they need only its tokens), as a deployment of them would: at 128K tokens LLaDA-8B's
+        # KV alone is 64 GiB, and fastdllm's own full-length KV would not fit beside it.
+        ordered = [m for m in modes if m in ("static", "joint")] + [m for m in modes if m not in ("static", "joint")]
+        for mode in ordered:
+            if mode not in ("static", "joint") and doc.keys.shape[-1]:
+                doc = _without_kv(doc)
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+            for answer in answers:
+                sampling = SamplingParams(decoder="low_confidence", gen_length=answer, block_length=min(32, answer),
+                                          steps=answer, stop_at_eos=False)
                 if dev.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(dev)
-                _sync(dev)
-                t = time.perf_counter()
-                doc = prefill_document(model, attention, tokens, chunk_size)
-                _sync(dev)
-                prefill_s = time.perf_counter() - t if mode in ("static", "joint") else 0.0
                 params = AnswerParams(top_k=top_k, kv_mode=mode, scoring=ScoringParams(scorer="self_information",
                                                                                         llada_folds=4),
                                       sampling=sampling)
                 max_steps = None
-                if mode == "dense":  # time one step first, then decide whether to extrapolate
-                    probe = replace(sampling, gen_length=min(32, answer), block_length=min(32, answer),
-                                    steps=min(32, answer))
-                    _, per_step, *_ = _answer(model, attention, doc, prompt, replace(params, sampling=probe), 2)
-                    if per_step * answer > dense_budget_s:
-                        max_steps = 3
-                total, step_s, steps, phases, extrapolated = _answer(model, attention, doc, prompt, params, max_steps)
+                if mode == "dense":  # time two steps once per context, then decide whether to extrapolate
+                    if dense_step_s is None:
+                        probe = replace(sampling, gen_length=min(32, answer), block_length=min(32, answer),
+                                        steps=min(32, answer))
+                        _, dense_step_s, *_ = _answer(model, attention, doc, prompt, replace(params, sampling=probe), 2)
+                    if dense_step_s * answer > dense_budget_s:
+                        max_steps = 2
+                elif mode == "fastdllm" and answer > 32 and context * answer > 32768 * 64:
+                    max_steps = 32  # one whole block (its full forward and its steps), then x blocks
+                total, step_s, steps, phases, extrapolated, layout = _answer(model, attention, doc, prompt, params,
+                                                                             max_steps)
                 peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else 0.0
-                row = BenchRow(shape, mode, context, answer, prefill_s, prefill_s + total, total, 1000 * step_s, steps,
-                               phases, peak, extrapolated)
+                own_prefill = prefill_s if mode in ("static", "joint") else 0.0
+                row = BenchRow(shape, mode, context, answer, own_prefill, own_prefill + total, total, 1000 * step_s,
+                               steps, phases, peak, extrapolated, layout, prefill_tflops if own_prefill else 0.0)
                 rows.append(row)
                 progress(f"{shape} {mode:>8} ctx {context:>7} ans {answer:>4}: first {row.first_question_s:8.3f} s, "
                          f"cached {row.cached_question_s:8.3f} s, step {row.decode_step_ms:8.2f} ms"
-                         + (" (extrapolated)" if extrapolated else ""))
-                del doc
-    return rows
+                         + (" (extrapolated)" if extrapolated else "") + (f" [{layout}]" if layout != "-" else ""))
+        del doc
+    return sorted(rows, key=lambda r: (r.context, r.answer, modes.index(r.mode)))
+
+
+def _without_kv(doc: DocumentKV) -> DocumentKV:
+    """The document's tokens with its KV dropped (zero-width tensors): what dense and fastdllm use."""
+    layers, n, hkv, c, _ = doc.keys.shape
+    empty = doc.keys.new_empty(layers, n, hkv, c, 0)
+    return replace(doc, keys=empty, values=empty)
 
 
 def table(rows: list[BenchRow]) -> str:
-    """Markdown: seconds per question and speed-ups over dense, per context and answer length."""
+    """Markdown: seconds per question and speed-ups over dense and fastdllm, per context and answer."""
     out = ["| shape | context | answer | mode | prefill s | first question s | cached question s | step ms "
-           "| cached vs dense |", "|---|---|---|---|---|---|---|---|---|"]
+           "| cached vs dense | first vs dense | cached vs fastdllm |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def ratio(r: BenchRow, mode: str, attr: str) -> str:
+        base = next((b for b in rows if b.mode == mode and (b.shape, b.context, b.answer)
+                     == (r.shape, r.context, r.answer)), None)
+        return f"{base.cached_question_s / getattr(r, attr):.1f}x" if base else "-"
+
     for r in rows:
-        dense = next((d for d in rows if d.mode == "dense" and (d.shape, d.context, d.answer)
-                      == (r.shape, r.context, r.answer)), None)
-        speedup = f"{dense.cached_question_s / r.cached_question_s:.1f}x" if dense else "-"
         mark = " (extrapolated)" if r.extrapolated else ""
-        out.append(f"| {r.shape} | {r.context} | {r.answer} | {r.mode} | {r.prefill_s:.3f} | "
+        mode = r.mode + (f" ({r.static_layout})" if r.static_layout != "-" else "")
+        out.append(f"| {r.shape} | {r.context} | {r.answer} | {mode} | {r.prefill_s:.3f} | "
                    f"{r.first_question_s:.3f}{mark} | {r.cached_question_s:.3f}{mark} | {r.decode_step_ms:.2f} | "
-                   f"{speedup} |")
+                   f"{ratio(r, 'dense', 'cached_question_s')} | {ratio(r, 'dense', 'first_question_s')} | "
+                   f"{ratio(r, 'fastdllm', 'cached_question_s')} |")
     return "\n".join(out) + "\n"
 
 
 def write(rows: list[BenchRow], out_dir: Path, meta: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
     (out_dir / "bench.md").write_text(table(rows))
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: bench.png not drawn (bench.json and bench.md are written)")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 4))
     for (mode, answer) in sorted({(r.mode, r.answer) for r in rows}):
         pts = sorted((r.context, r.cached_question_s) for r in rows if r.mode == mode and r.answer == answer)

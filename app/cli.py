@@ -117,7 +117,7 @@ def _build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--chunk-size", type=int, default=512)
     bn.add_argument("--top-k", type=int, default=4)
     bn.add_argument("--dense-budget-s", type=float, default=120.0,
-                    help="above this estimated time, dense runs 3 steps and is extrapolated")
+                    help="above this estimated time, dense runs 2 steps and is extrapolated")
     bn.add_argument("--device", default=None)
     bn.add_argument("--out", type=Path, default=Path("bench-out"))
 

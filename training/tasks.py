@@ -42,12 +42,24 @@ class Layout:
     pad: int
 
 
+# Relative draw weights. Runs 1-2 of docqa-tiny used the defaults; run 3 shifted weight to the NIAH
+# variants the evaluation showed weakest (see the model card).
+TASK_WEIGHTS = {"niah": 10, "kv_retrieval": 2, "hotpot": 3, "which_document": 2}
+NIAH_VARIANT_WEIGHTS = {"single": 4, "multikey": 3, "multivalue": 2, "multiquery": 2}
+
+
 class TaskSampler:
     """Draws training examples from the prepared corpus (see training/prepare.py)."""
 
     def __init__(self, corpus: dict, encode, decode, layout: Layout, chunk_size: int, answer_len: int,
-                 seed: int) -> None:
+                 seed: int, task_weights: dict[str, float] | None = None,
+                 niah_variant_weights: dict[str, float] | None = None) -> None:
         self.rng = random.Random(seed)
+        self.task_weights = dict(task_weights or TASK_WEIGHTS)
+        self.niah_variant_weights = dict(niah_variant_weights or NIAH_VARIANT_WEIGHTS)
+        for given, known in ((self.task_weights, TASK_WEIGHTS), (self.niah_variant_weights, NIAH_VARIANT_WEIGHTS)):
+            if set(given) != set(known) or any(w < 0 for w in given.values()) or not any(given.values()):
+                raise ValueError(f"weights must name exactly {sorted(known)} with non-negative values, got {given}")
         self.encode, self.decode = encode, decode  # str -> list[int], list[int] -> str
         self.layout, self.c, self.answer_len = layout, chunk_size, answer_len
         self.sent_tok, self.sent_off = corpus["essay_sentences"]["tokens"], corpus["essay_sentences"]["offsets"]
@@ -135,7 +147,7 @@ class TaskSampler:
 
     def _niah_once(self, k: int) -> Example | None:
         r = self.rng
-        variant = r.choices(["single", "multikey", "multivalue", "multiquery"], [4, 3, 2, 2])[0]
+        variant = r.choices(list(self.niah_variant_weights), list(self.niah_variant_weights.values()))[0]
         haystack = r.choices(["essay", "repeat", "needle"], [6, 2, 1])[0]
         key_kind = r.choices(["words", "numbers", "uuids"], [6, 1, 2])[0]
         val_kind = r.choices(["numbers", "words", "uuids"], [5, 2, 3])[0]
@@ -222,8 +234,8 @@ class TaskSampler:
 
     def sample(self, k: int, scoring_share: float = 0.2) -> Example:
         r = self.rng
-        task = r.choices([self.niah, self.kv_retrieval, self.hotpot, self.which_document], [10, 2, 3, 2])[0]
-        ex = task(k)
+        name = r.choices(list(self.task_weights), list(self.task_weights.values()))[0]
+        ex = getattr(self, name)(k)
         if r.random() < scoring_share:
             # The scorer's view: one of the example's chunks (relevant or not) and the question as
             # the target, so that the question's likelihood learns to depend on the chunk.

@@ -33,12 +33,20 @@ from engine.config import ModelConfig
 from engine.model import DiffusionLM
 from engine.prompting import build_question_prompt
 from engine.weights import save_weights
-from training.tasks import Layout, TaskSampler, attention_mask, collate
+from training.tasks import NIAH_VARIANT_WEIGHTS, TASK_WEIGHTS, Layout, TaskSampler, attention_mask, collate
 
 CHUNK_SIZE = 128
 ANSWER_LEN = 64
 # (fraction of training time at which the stage starts, chunk counts drawn in it)
 CURRICULUM = [(0.0, [1]), (0.12, [1, 2]), (0.3, [2, 4, 4]), (0.5, [1, 2, 4, 4, 4, 4])]
+
+
+def _weights(text: str) -> dict[str, float]:
+    """'a=1,b=2' -> {'a': 1.0, 'b': 2.0} (TaskSampler checks the names)."""
+    try:
+        return {k.strip(): float(v) for k, v in (item.split("=") for item in text.split(","))}
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected name=weight,... got {text!r}") from e
 
 
 def model_config(tok: Tokenizer) -> ModelConfig:
@@ -64,9 +72,11 @@ def make_layout(model_dir: Path, cfg: ModelConfig) -> Layout:
 class Batches(torch.utils.data.IterableDataset):
     """Endless batches; each worker has its own seeded sampler; the stage comes from a shared value."""
 
-    def __init__(self, corpus_path, model_dir, cfg, layout, batch_size, seed, stage) -> None:
+    def __init__(self, corpus_path, model_dir, cfg, layout, batch_size, seed, stage, task_weights,
+                 niah_variant_weights) -> None:
         self.corpus_path, self.model_dir, self.cfg = corpus_path, model_dir, cfg
         self.layout, self.batch_size, self.seed, self.stage = layout, batch_size, seed, stage
+        self.task_weights, self.niah_variant_weights = task_weights, niah_variant_weights
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -74,7 +84,8 @@ class Batches(torch.utils.data.IterableDataset):
         corpus = torch.load(self.corpus_path, weights_only=False)
         tok = Tokenizer.from_file(str(Path(self.model_dir) / "tokenizer.json"))
         sampler = TaskSampler(corpus, lambda s: tok.encode(s).ids, lambda ids: tok.decode(ids), self.layout,
-                              CHUNK_SIZE, ANSWER_LEN, seed=self.seed * 1000 + wid)
+                              CHUNK_SIZE, ANSWER_LEN, seed=self.seed * 1000 + wid, task_weights=self.task_weights,
+                              niah_variant_weights=self.niah_variant_weights)
         rng = random.Random(self.seed * 7919 + wid)
         while True:
             ks = CURRICULUM[self.stage.value][1]
@@ -119,10 +130,16 @@ def export(model: DiffusionLM, cfg: ModelConfig, model_dir: Path, meta: dict) ->
     (model_dir / "config.json").write_text(json.dumps(llada_config_json(cfg), indent=2))
     (model_dir / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id}, indent=2))
-    (model_dir / "docqa.json").write_text(json.dumps({
-        "chunk_size": CHUNK_SIZE, "top_k": 4, "scorer": "self_information", "llada_folds": 4,
-        "gen_length": ANSWER_LEN, "block_length": 32, "decoder": "threshold", "threshold": 0.9,
-        "training": meta}, indent=2))
+    # docqa.json keeps what earlier runs and people wrote (defaults, weak_score, the run list);
+    # this run is appended to training.runs.
+    path = model_dir / "docqa.json"
+    existing = json.loads(path.read_text()) if path.exists() else {}
+    defaults = {"chunk_size": CHUNK_SIZE, "top_k": 4, "scorer": "self_information", "llada_folds": 4,
+                "gen_length": ANSWER_LEN, "block_length": 32, "decoder": "threshold", "threshold": 0.9}
+    training = dict(existing.get("training", {}))
+    training["runs"] = [*training.get("runs", []), meta]
+    merged = {**defaults, **{k: v for k, v in existing.items() if k != "training"}, "training": training}
+    path.write_text(json.dumps(merged, indent=2))
 
 
 def main() -> None:
@@ -143,6 +160,10 @@ def main() -> None:
                     help="start from an exported model folder (bf16 weights, fresh optimizer): a further run "
                          "when the previous run's full checkpoint is not at hand")
     ap.add_argument("--start-stage", type=int, default=0, help="first curriculum stage (with --init-from)")
+    ap.add_argument("--task-weights", type=_weights, default=dict(TASK_WEIGHTS),
+                    help="task draw weights, e.g. niah=12,kv_retrieval=2,hotpot=2,which_document=1")
+    ap.add_argument("--niah-variant-weights", type=_weights, default=dict(NIAH_VARIANT_WEIGHTS),
+                    help="NIAH variant weights, e.g. single=3,multikey=3,multivalue=3,multiquery=3")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -171,7 +192,8 @@ def main() -> None:
     total = 60 * (args.total_minutes or args.minutes)
     stage = torch.multiprocessing.Value("i", 0)
     data = torch.utils.data.DataLoader(
-        Batches(args.data / "corpus.pt", args.model_dir, cfg, layout, args.batch_size, args.seed + step, stage),
+        Batches(args.data / "corpus.pt", args.model_dir, cfg, layout, args.batch_size, args.seed + step, stage,
+                args.task_weights, args.niah_variant_weights),
         batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0,
         prefetch_factor=4 if args.workers > 0 else None, pin_memory=device.type == "cuda")
     gen = torch.Generator(device=device).manual_seed(args.seed + step)
@@ -230,7 +252,10 @@ def main() -> None:
         raise RuntimeError("training ended with non-finite weights; nothing exported")
     meta = {"steps": step, "skipped_steps": skipped, "minutes": round(elapsed / 60, 2),
             "batch_size": args.batch_size, "seed": args.seed,
-            "parameters": n_params, "chunk_size": CHUNK_SIZE, "curriculum": CURRICULUM}
+            "parameters": n_params, "chunk_size": CHUNK_SIZE, "curriculum": CURRICULUM,
+            "task_weights": args.task_weights, "niah_variant_weights": args.niah_variant_weights,
+            "init_from": str(args.init_from) if args.init_from else None, "start_stage": args.start_stage,
+            "lr": args.lr}
     export(model, cfg, args.model_dir, meta)
     if args.log:
         args.log.write_text(json.dumps({"meta": meta, "curve": curve}, indent=1))

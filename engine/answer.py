@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.attention import AttentionBackend
-from engine.attention.split_kv import head_dim_supported, kernel_usable
+from engine.attention.split_kv import kernel_native, kernel_usable
 from engine.chunk_scorer import (
     ScoringParams,
     chunk_relevance,
@@ -25,7 +25,7 @@ from engine.chunk_scorer import (
 from engine.decode import DecodeStep, DenseRunner, FastDLLMRunner, run_blocks
 from engine.kv_cache import POSITION_MODES, DocumentKV, chunk_deltas, gather_kept_tokens
 from engine.model import DiffusionLM
-from engine.paged_decode import PagedStaticRunner, build_paged_context, paged_decoding_supported
+from engine.paged_decode import PagedStaticRunner, build_paged_context
 from engine.prompting import DEFAULT_INSTRUCTION, QuestionPrompt, build_question_prompt
 from engine.sampling import SamplingParams
 from engine.scoring import auto_top_k, select_kept_tokens, select_top_chunks
@@ -245,8 +245,7 @@ def _use_paged(model: DiffusionLM, documents: Sequence[DocumentKV], params: Answ
             raise ValueError("static_layout 'paged' serves one document without re-selection")
         return True
     device = model.embed_tokens.weight.device
-    return (single and documents[0].device == device and paged_decoding_supported(device)
-            and head_dim_supported(model.cfg.head_dim))
+    return single and documents[0].device == device and kernel_native(device, model.cfg.head_dim)
 
 
 def _method_runner(model, attention, documents, prompt, rows, refs, chosen, params: AnswerParams,
@@ -274,7 +273,7 @@ def _method_runner(model, attention, documents, prompt, rows, refs, chosen, para
         device = model.embed_tokens.weight.device
         paged = build_paged_context(model, ctx, documents[0], [r.chunk for r in refs], chunks, prefix_len,
                                     params.sampling.gen_length, params.sampling.block_length,
-                                    use_kernel=kernel_usable(device) and head_dim_supported(model.cfg.head_dim))
+                                    use_kernel=kernel_usable(device, model.cfg.head_dim))
         trace.static_layout = "paged"
         return PagedStaticRunner(model, attention, paged, params.sampling.block_length,
                                  use_graph=device.type == "cuda")

@@ -24,7 +24,6 @@ from engine.attention.split_kv import (
     make_split_plan,
     split_kv_attention,
     split_kv_reference,
-    triton_available,
 )
 from engine.decode import slot_logits_from_rows
 from engine.kv_cache import DocumentKV
@@ -189,7 +188,3 @@ class PagedStaticRunner:
         if self.model.cfg.logits_shifted:
             self.anchor = last[0].clone()
 
-
-def paged_decoding_supported(device: torch.device) -> bool:
-    """Where the fast path runs natively: CUDA with Triton."""
-    return triton_available(device)

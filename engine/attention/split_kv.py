@@ -296,11 +296,12 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def triton_available(device: torch.device | str) -> bool:
-    """True where the Triton kernel can run natively (CUDA with triton installed)."""
-    return triton is not None and torch.device(device).type == "cuda"
+def kernel_native(device: torch.device | str, head_dim: int) -> bool:
+    """The kernel runs natively here: CUDA with triton installed, a supported head size."""
+    return triton is not None and torch.device(device).type == "cuda" and head_dim_supported(head_dim)
 
 
-def kernel_usable(device: torch.device | str) -> bool:
-    """The Triton kernel runs here: natively on CUDA, or under TRITON_INTERPRET=1 on the CPU (tests)."""
-    return triton_available(device) or (triton is not None and _interpreting() and torch.device(device).type == "cpu")
+def kernel_usable(device: torch.device | str, head_dim: int) -> bool:
+    """Natively, or under TRITON_INTERPRET=1 on the CPU (the tests); else callers use the reference."""
+    on_interpreter = triton is not None and _interpreting() and torch.device(device).type == "cpu"
+    return kernel_native(device, head_dim) or (on_interpreter and head_dim_supported(head_dim))

@@ -1,0 +1,42 @@
+"""Draws the bundled model's training curve from the run logs: loss and masked-token accuracy
+over the steps of all runs, one colour a run.
+
+    python -m training.plot_curve docs/docqa-tiny-train-run*.json --out models/docqa-tiny/loss_curve.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("logs", type=Path, nargs="+", help="run logs (training.train --log), in run order")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 3.6))
+    offset = 0
+    for i, path in enumerate(sorted(args.logs)):
+        curve = json.loads(path.read_text())["curve"]
+        steps = [offset + row["step"] for row in curve]
+        loss_ax.plot(steps, [row["loss"] for row in curve], lw=0.8, label=f"run {i + 1}")
+        acc_ax.plot(steps, [row["masked_acc"] for row in curve], lw=0.8, label=f"run {i + 1}")
+        offset = steps[-1] if steps else offset
+    loss_ax.set(xlabel="step (all runs)", ylabel="masked-diffusion loss", yscale="log")
+    acc_ax.set(xlabel="step (all runs)", ylabel="masked-token accuracy")
+    for ax in (loss_ax, acc_ax):
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=100)
+
+
+if __name__ == "__main__":
+    main()

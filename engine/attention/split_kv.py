@@ -165,8 +165,9 @@ if triton is not None:
                 page = tl.load(PAGE_IDS + slot, mask=slot_ok, other=0).to(tl.int64)
                 qa, qb = q1, q2
                 if HAS_ROT:  # R(-start) q: attend as if the page's keys sat at their placed positions
-                    c = tl.load(ROT_COS + slot * HALF + d, mask=slot_ok, other=1.0)
-                    sn = tl.load(ROT_SIN + slot * HALF + d, mask=slot_ok, other=0.0)
+                    rot_ok = (d * 0 + slot) < num_slots  # block-shaped (Triton 3.9's interpreter wants it)
+                    c = tl.load(ROT_COS + slot * HALF + d, mask=rot_ok, other=1.0)
+                    sn = tl.load(ROT_SIN + slot * HALF + d, mask=rot_ok, other=0.0)
                     qa, qb = q1 * c + q2 * sn, q2 * c - q1 * sn
                 qa = (qa * qk_scale).to(dot_ty)
                 qb = (qb * qk_scale).to(dot_ty)
@@ -175,7 +176,7 @@ if triton is not None:
                 for n0 in range(0, KEPT_PAD, BLOCK_N):
                     offs_n = n0 + tl.arange(0, BLOCK_N)
                     tok = tl.load(TOKEN_IDS + slot * stride_tk + h * stride_tth + offs_n,
-                                  mask=(offs_n < kept) & slot_ok, other=-1)
+                                  mask=(offs_n < kept) & ((offs_n * 0 + slot) < num_slots), other=-1)
                     row = tl.maximum(tok, 0).to(tl.int64) * stride_pc
                     acc1, acc2, m_i, l_i = _attend_tile(qa, qb, k_base, v_base, row, tok >= 0, acc1, acc2, m_i, l_i,
                                                         HALF, dot_ty, PRECISION)
@@ -230,7 +231,7 @@ if triton is not None:
         w_sum = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
         for s in range(0, S_BUCKET):  # S rounded up to a power of two: few compiled variants
-            ok = m_ok & (s < S)
+            ok = m_ok & ((offs_m * 0 + s) < S)
             lse = tl.load(LSE + s * stride_ls + h * stride_lh + offs_m, mask=ok, other=float("-inf"))
             o = tl.load(OUT + s * stride_os + h * stride_oh + offs_m[:, None] * stride_om + d,
                         mask=ok[:, None], other=0.0)

@@ -7,13 +7,13 @@ The active block's queries attend to
   by a per-page rotation; and
 - a contiguous `tail` (prefix, question, finished and active answer blocks), valid up to `tail_len`.
 
-Nothing is gathered into contiguous memory. The key axis is cut into splits (a piece of a page, or a
-piece of the tail); each program attends its queries to one split, and the partial results are
-merged by log-sum-exp (flash-decoding). Softmax is order-free, so pages and tail may come in any
+Nothing is gathered into contiguous memory. The key axis is cut into splits (a group of whole pages,
+or a piece of the tail); each program attends its queries to one split, and the partial results
+are merged by log-sum-exp (flash-decoding). Softmax is order-free, so pages and tail may come in any
 order.
 
 Moving a page instead of its keys: with rotate-half RoPE, <R(p) q, R(s + j) k> = <R(p - s) q, R(j) k>,
-so a page placed at start s is attended by rotating the query by -s once per split, which is exact
+so a page placed at start s is attended by rotating the query by -s once per page, which is exact
 up to rounding and costs nothing per key. `split_kv_reference` does it the other way round (re-rotates
 the gathered keys, fp32 throughout), so the tests compare two independent routes.
 """
@@ -111,10 +111,6 @@ class SplitPlan:
     tail_split: int
     num_tail_splits: int
     block_m: int  # query rows per program (rows = query heads per KV head x block tokens)
-
-    @property
-    def num_splits(self) -> int:
-        return self.num_page_splits + self.num_tail_splits
 
 
 def make_split_plan(kv: PagedKV, rows_per_kv_head: int, target_programs: int = 264, max_split_keys: int = 2048,

@@ -73,28 +73,32 @@ def build_paged_context(model: DiffusionLM, ctx: FixedContext, document: Documen
     chunk_len = chunks.keys.shape[3]  # C, or B after token selection
     question = slice(prefix_len + k * chunk_len, None)
     cos, sin = shift_cos_sin(chunks.starts, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
+    cos, sin = cos.to(device), sin.to(device)  # [K, D/2], the same for every layer
     page_ids = torch.tensor(chunk_ids, dtype=torch.int32, device=device)
     tail_rows = ctx.kv[0][0].shape[2] - k * chunk_len
     cap = tail_rows + gen_length
     slots = torch.zeros(block_length, dtype=torch.long, device=device)
     tail_len = torch.tensor([tail_rows], dtype=torch.int32, device=device)
+    if chunks.kept is None:  # every valid token of every page, the same for every layer and head
+        valid = torch.arange(c)[None, :] < chunks.lengths[:, None]  # [K, C]
+        all_tokens = torch.where(valid, torch.arange(c), -1)[:, None].expand(k, cfg.num_kv_heads, c)
+        all_tokens = all_tokens.to(torch.int32).contiguous().to(device)
+    plan = None
     layers = []
     for layer, (kk, vv) in enumerate(ctx.kv):
         if chunks.kept is None:
-            offsets = torch.arange(c).expand(k, cfg.num_kv_heads, c)
-            valid = (torch.arange(c)[None, :] < chunks.lengths[:, None])[:, None, :]
-        else:
-            offsets = chunks.kept[:, layer]  # [K, Hkv, B]
-            valid = chunks.valid[:, None, :]
-        token_ids = torch.where(valid, offsets, -1).to(torch.int32).to(device)
+            token_ids = all_tokens
+        else:  # per layer and KV head [K, Hkv, B]
+            token_ids = torch.where(chunks.valid[:, None, :], chunks.kept[:, layer], -1).to(torch.int32).to(device)
         k_tail = kk.new_zeros(cfg.num_kv_heads, cap, cfg.head_dim)
         v_tail = torch.zeros_like(k_tail)
         for dst, src in ((k_tail, kk), (v_tail, vv)):
             dst[:, :prefix_len] = src[0, :, :prefix_len]
             dst[:, prefix_len:tail_rows] = src[0, :, question]
         paged = PagedKV(document.keys[layer].to(device), document.values[layer].to(device), page_ids, token_ids,
-                        cos.to(device), sin.to(device), k_tail, v_tail, tail_len)
-        plan = make_split_plan(paged, cfg.num_heads // cfg.num_kv_heads * block_length)
+                        cos, sin, k_tail, v_tail, tail_len)
+        if plan is None:  # shapes are the same in every layer
+            plan = make_split_plan(paged, cfg.num_heads // cfg.num_kv_heads * block_length)
         layers.append(PagedLayerCache(paged, plan, slots, use_kernel))
     return PagedContext(layers, slots, tail_len, tail_rows, ctx.answer_start, ctx.anchor_logits)
 
@@ -162,29 +166,30 @@ class PagedStaticRunner:
         self._refresh = _BlockForward(model, attention, ctx, block_length, last, use_graph=False)
         self.anchor = ctx.anchor_logits
         self.forward_passes = 2  # the prefix and question passes of the static context
-
-    def _point_at(self, block: int, answer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        lo = block * self.block_length
-        row = self.ctx.answer_row + lo
-        self.ctx.slots.copy_(torch.arange(row, row + self.block_length, device=self.ctx.slots.device))
-        self.ctx.tail_len.fill_(row + self.block_length)
-        positions = self.ctx.answer_start + lo + torch.arange(self.block_length, device=answer.device)
-        return answer[None, lo:lo + self.block_length], positions[None]
+        self._offsets = torch.arange(block_length, device=device)
+        self._positions = torch.zeros(1, block_length, dtype=torch.long, device=device)
 
     def block_start(self, block: int, answer: torch.Tensor) -> None:
-        pass
+        """Points every layer's KV writes and attention span at this block's tail rows (once a block)."""
+        lo = block * self.block_length
+        row = self.ctx.answer_row + lo
+        self.ctx.slots.copy_(self._offsets + row)
+        self.ctx.tail_len.fill_(row + self.block_length)
+        self._positions = (self.ctx.answer_start + lo + self._offsets)[None]
+
+    def _block_ids(self, block: int, answer: torch.Tensor) -> torch.Tensor:
+        lo = block * self.block_length
+        return answer[None, lo:lo + self.block_length]
 
     def slot_logits(self, block: int, answer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        ids, positions = self._point_at(block, answer)
         self.forward_passes += 1
-        block_rows = self._step(ids, positions)  # [T, V]
+        block_rows = self._step(self._block_ids(block, answer), self._positions)  # [T, V]
         local = slots - block * self.block_length
         return slot_logits_from_rows(block_rows[local], local, self.anchor, self.model.cfg.logits_shifted)
 
     def block_done(self, block: int, answer: torch.Tensor) -> None:
-        ids, positions = self._point_at(block, answer)
         self.forward_passes += 1
-        last = self._refresh(ids, positions)
+        last = self._refresh(self._block_ids(block, answer), self._positions)
         if self.model.cfg.logits_shifted:
             self.anchor = last[0].clone()
 

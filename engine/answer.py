@@ -60,6 +60,9 @@ class AnswerParams:
     # and concatenated (the reference route); "auto" = paged wherever it runs natively (CUDA with
     # Triton, one document already on the GPU, no re-selection), else contiguous.
     static_layout: str = "auto"
+    # On the paged route on CUDA: run the layers' halves around attention compiled
+    # (engine.compiled_layers); the first question in a process pays the compilation.
+    compile_layers: bool = True
 
     def __post_init__(self) -> None:
         if self.kv_mode not in KV_MODES:
@@ -275,8 +278,9 @@ def _method_runner(model, attention, documents, prompt, rows, refs, chosen, para
                                     params.sampling.gen_length, params.sampling.block_length,
                                     use_kernel=kernel_usable(device, model.cfg.head_dim))
         trace.static_layout = "paged"
-        return PagedStaticRunner(model, attention, paged, params.sampling.block_length,
-                                 use_graph=device.type == "cuda")
+        on_cuda = device.type == "cuda"
+        return PagedStaticRunner(model, attention, paged, params.sampling.block_length, use_graph=on_cuda,
+                                 compile_layers=on_cuda and params.compile_layers)
 
     def reselect(block: int, answer: torch.Tensor) -> FixedContext | None:
         if params.reselect_every <= 0 or (block + 1) % params.reselect_every:

@@ -22,7 +22,7 @@ import torch
 from engine.attention import AttentionBackend, dense_mask, full_mask
 from engine.decode import block_logits
 from engine.kv_cache import DocumentKV
-from engine.model import AttentionCapture, DiffusionLM
+from engine.model import AttentionCapture, DiffusionLM, LayerFunctions
 from engine.sampling import propose
 from engine.scoring import (
     SCORERS,
@@ -153,8 +153,10 @@ def _rows_mask(lengths: torch.Tensor, c: int, n: int, causal: bool, device) -> t
 
 @torch.inference_mode()
 def score_document(model: DiffusionLM, attention: AttentionBackend, doc: DocumentKV,
-                   rows: ScoringRows, params: ScoringParams) -> DocumentScores:
-    """Scores every chunk of one document in batched passes over its cached KV."""
+                   rows: ScoringRows, params: ScoringParams,
+                   layer_fns: LayerFunctions | None = None) -> DocumentScores:
+    """Scores every chunk of one document in batched passes over its cached KV (`layer_fns`: the
+    layers' halves around attention, default eager)."""
     cfg, device = model.cfg, _device(model)
     n_chunks, c, n = doc.num_chunks, doc.chunk_size, rows.ids.numel()
     scores = torch.empty(n_chunks)
@@ -185,7 +187,7 @@ def score_document(model: DiffusionLM, attention: AttentionBackend, doc: Documen
             logits_rows = table.to(device).repeat(b, 1)  # [b*F, width]
         out = model(ids, pos, dense_mask(mask), attention,
                     past=_past(doc, start, end, device, copies), logits_rows=logits_rows,
-                    capture=capture, return_kv=False)
+                    capture=capture, return_kv=False, layer_fns=layer_fns)
         probs = torch.stack([out.attention[layer] for layer in range(cfg.num_layers)], 1)
         probs = probs[::copies]  # [b, L, Hq, W, C + n], from the first fold (nothing hidden
         # in the window unless it holds a target)
@@ -214,7 +216,8 @@ def score_document(model: DiffusionLM, attention: AttentionBackend, doc: Documen
 
 @torch.inference_mode()
 def chunk_relevance(model: DiffusionLM, attention: AttentionBackend, doc: DocumentKV,
-                    chunk_ids: torch.Tensor, rows: ScoringRows) -> torch.Tensor:
+                    chunk_ids: torch.Tensor, rows: ScoringRows, layer_fns: LayerFunctions | None = None
+                    ) -> torch.Tensor:
     """Query-to-chunk attention per token, layer and KV head for some chunks: [k, L, Hkv, C] fp32."""
     cfg, device = model.cfg, _device(model)
     c, n = doc.chunk_size, rows.ids.numel()
@@ -225,7 +228,8 @@ def chunk_relevance(model: DiffusionLM, attention: AttentionBackend, doc: Docume
         pos = lengths.to(device)[:, None] + torch.arange(n, device=device)
         mask = _rows_mask(lengths, c, n, cfg.logits_shifted, device)
         out = model(rows.ids.to(device)[None], pos, dense_mask(mask), attention,
-                    past=_past(doc, chunk, chunk + 1, device), capture=capture, return_kv=False)
+                    past=_past(doc, chunk, chunk + 1, device), capture=capture, return_kv=False,
+                    layer_fns=layer_fns)
         for layer in range(cfg.num_layers):
             out_rel[i, layer] = chunk_token_relevance(out.attention[layer], c, cfg.num_kv_heads)[0].cpu()
     return out_rel

@@ -12,7 +12,7 @@ for the rows asked for.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -74,23 +74,24 @@ class SelfAttention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, mask: MaskSpec, attention: AttentionBackend,
-                past: LayerKV | None, capture_rows: torch.Tensor | None):
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [B, T, hidden] -> q [B, Hq, T, D], k, v [B, Hkv, T, D], q and k after RoPE."""
         cfg = self.cfg
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)  # [B, Hq, T, D]
+        q = self.q_proj(x).view(b, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        q = apply_rope(q, cos, sin, cfg.rope_in_fp32)
-        k = apply_rope(k, cos, sin, cfg.rope_in_fp32)
-        new_kv = (k, v)
-        scale = cfg.head_dim ** -0.5
+        return apply_rope(q, cos, sin, cfg.rope_in_fp32), apply_rope(k, cos, sin, cfg.rope_in_fp32), v
+
+    def attend(self, q, k, v, mask: MaskSpec, attention: AttentionBackend, past: LayerKV | AttendingCache | None,
+               capture_rows: torch.Tensor | None):
+        """Attention of q over [past | new keys] -> (out [B, Hq, T, D], fp32 probs of the captured rows)."""
+        scale = self.cfg.head_dim ** -0.5
         if isinstance(past, AttendingCache):
             # A cache that runs its own attention (engine.paged_decode: pages read in place and
             # the new KV written into it); it covers the whole key set, so no mask applies.
             assert capture_rows is None, "attention capture needs a concatenated past"
-            out = past.attend(q, k, v, scale)
-            return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), new_kv, None
+            return past.attend(q, k, v, scale), None
         if past is not None:
             k = torch.cat((past[0], k), dim=2)
             v = torch.cat((past[1], v), dim=2)
@@ -98,10 +99,9 @@ class SelfAttention(nn.Module):
         probs = None
         if capture_rows is not None:
             # Recomputed explicitly for the few captured rows: backends need not expose probs.
-            row_mask = select_query_rows(mask, capture_rows, t, k.shape[2])
+            row_mask = select_query_rows(mask, capture_rows, q.shape[2], k.shape[2])
             probs = attention_probs(q[:, :, capture_rows], k, row_mask, scale)
-        out = out.transpose(1, 2).reshape(b, t, cfg.num_heads * cfg.head_dim)
-        return self.o_proj(out), new_kv, probs
+        return out, probs
 
 
 class SwiGLU(nn.Module):
@@ -123,12 +123,33 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, h, cos, sin, mask, attention, past, capture_rows):
-        attn_out, kv, probs = self.self_attn(self.input_layernorm(h), cos, sin, mask, attention,
-                                             past, capture_rows)
-        h = h + attn_out
-        h = h + self.mlp(self.post_attention_layernorm(h))
-        return h, kv, probs
+    def attention_inputs(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """The layer up to attention: norm, q/k/v projections, RoPE (see SelfAttention.project)."""
+        return self.self_attn.project(self.input_layernorm(h), cos, sin)
+
+    def finish(self, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The layer after attention: h [B, T, hidden], attn [B, Hq, T, D] -> the next h."""
+        b, _, t, _ = attn.shape
+        h = h + self.self_attn.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def forward(self, h, cos, sin, mask, attention, past, capture_rows, fns: LayerFunctions | None = None):
+        fns = fns or EAGER_LAYER
+        q, k, v = fns.attention_inputs(self, h, cos, sin)
+        out, probs = self.self_attn.attend(q, k, v, mask, attention, past, capture_rows)
+        return fns.finish(self, h, out), (k, v), probs
+
+
+@dataclass(frozen=True)
+class LayerFunctions:
+    """How a Block runs its two halves around attention: the eager methods, or compiled versions of
+    them (engine.compiled_layers). Both take the Block as their first argument."""
+
+    attention_inputs: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    finish: Callable[..., torch.Tensor]
+
+
+EAGER_LAYER = LayerFunctions(Block.attention_inputs, Block.finish)
 
 
 class DiffusionLM(nn.Module):
@@ -154,6 +175,7 @@ class DiffusionLM(nn.Module):
         logits_rows: torch.Tensor | str | None = None,
         capture: AttentionCapture | None = None,
         return_kv: bool = True,
+        layer_fns: LayerFunctions | None = None,
     ) -> ModelOutput:
         """One forward pass.
 
@@ -162,6 +184,7 @@ class DiffusionLM(nn.Module):
         past: per layer (k after RoPE, v), [B, Hkv, Tp, D], attended to but not recomputed, or an
             AttendingCache per layer.
         logits_rows: [R] or [B, R] row indices into T, "all", or None for no logits.
+        layer_fns: the layers' halves around attention (default: eager).
         """
         cfg = self.cfg
         if past is not None and len(past) != cfg.num_layers:
@@ -172,7 +195,7 @@ class DiffusionLM(nn.Module):
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             rows = capture.query_rows if capture is not None and i in capture.layers else None
-            h, kv, probs = layer(h, cos, sin, mask, attention, past[i] if past else None, rows)
+            h, kv, probs = layer(h, cos, sin, mask, attention, past[i] if past else None, rows, layer_fns)
             if return_kv:
                 new_kv.append(kv)
             if probs is not None:

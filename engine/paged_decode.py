@@ -7,7 +7,9 @@ that module), but nothing is gathered or concatenated per step: every layer atte
 - a preallocated tail [prefix | question | answer slots], where each block forward writes the
   active block's KV into its own slots; a finished block's refresh writes its final KV there once.
 Tensor shapes never change within an answer, so one block forward is captured as a CUDA graph and
-replayed at every step (inputs copied into static buffers; no host synchronisation inside).
+replayed at every step (inputs copied into static buffers; no host synchronisation inside). With
+`compile_layers` the layers' halves around attention run compiled (`engine.compiled_layers`), which
+fuses their elementwise work; if compilation fails, the step logs a warning and runs eagerly.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from engine.attention.split_kv import (
     split_kv_attention,
     split_kv_reference,
 )
+from engine.compiled_layers import compiled_layer_functions
 from engine.decode import slot_logits_from_rows
 from engine.kv_cache import DocumentKV
-from engine.model import DiffusionLM
+from engine.model import DiffusionLM, LayerFunctions
 from engine.rope import shift_cos_sin
 from engine.sampling import prediction_rows
 from engine.static_decode import FixedContext, SelectedChunks
@@ -107,8 +110,9 @@ class _BlockForward:
     """Logits for every row of the active block ([T, V]); eager, or one captured CUDA graph."""
 
     def __init__(self, model: DiffusionLM, attention: AttentionBackend, ctx: PagedContext, block_length: int,
-                 rows: torch.Tensor, use_graph: bool) -> None:
+                 rows: torch.Tensor, use_graph: bool, layer_fns: LayerFunctions | None) -> None:
         self.model, self.attention, self.ctx, self.rows = model, attention, ctx, rows
+        self.layer_fns = layer_fns
         device = rows.device
         self.ids = torch.zeros(1, block_length, dtype=torch.long, device=device)
         self.positions = torch.zeros(1, block_length, dtype=torch.long, device=device)
@@ -116,37 +120,49 @@ class _BlockForward:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
 
-    def _eager(self) -> torch.Tensor:
+    def _run(self, layer_fns: LayerFunctions | None) -> torch.Tensor:
         return self.model(self.ids, self.positions, full_mask(), self.attention, past=self.ctx.layers,
-                          logits_rows=self.rows, return_kv=False).logits[0]
+                          logits_rows=self.rows, return_kv=False, layer_fns=layer_fns).logits[0]
+
+    def _forward(self) -> torch.Tensor:
+        """One launch of the block forward, with the compiled halves while they work."""
+        if self.layer_fns is None:
+            return self._run(None)
+        try:
+            return self._run(self.layer_fns)
+        except Exception as e:  # torch.compile raises backend-specific types; eager is slower, not wrong
+            logger.warning("compiling the decode layers failed (%s: %s); running them eagerly",
+                           type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            self.layer_fns = None
+            return self._run(None)  # rewrites the same KV into the same slots: nothing is doubled
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.ids.copy_(ids)
         self.positions.copy_(positions)
-        if not self.use_graph:
-            return self._eager()
-        if self.graph is None:
-            try:
-                self._capture()
-            except RuntimeError as e:  # e.g. an allocator or driver limit: eager is slower, not wrong
-                logger.warning("CUDA graph capture failed (%s); decoding eagerly", e)
-                self.use_graph, self.graph = False, None
-                return self._eager()
-        self.graph.replay()
-        return self.out
+        if self.use_graph and self.graph is None:
+            self._capture()
+        if self.graph is not None:
+            self.graph.replay()
+            return self.out
+        return self._forward()
 
     def _capture(self) -> None:
-        # Warm-up on a side stream (compiles the Triton kernels), then capture. Both run the real
-        # inputs, so the KV they write into the active slots is the step's own.
+        # Warm-up on a side stream (compiles the layers and the Triton kernels, sets up cuBLAS),
+        # then capture. Both run the real inputs, so the KV they write into the active slots is the
+        # step's own.
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._eager()
+            self._forward()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.out = self._eager()
+        try:
+            with torch.cuda.graph(graph):
+                self.out = self._run(self.layer_fns)
+        except RuntimeError as e:  # e.g. an allocator or driver limit: eager is slower, not wrong
+            logger.warning("CUDA graph capture failed (%s); decoding eagerly", e)
+            self.use_graph = False
+            return
         self.graph = graph
 
 
@@ -154,16 +170,18 @@ class PagedStaticRunner:
     """A StepRunner (see engine.decode) over a PagedContext."""
 
     def __init__(self, model: DiffusionLM, attention: AttentionBackend, ctx: PagedContext, block_length: int,
-                 use_graph: bool) -> None:
+                 use_graph: bool, compile_layers: bool = False) -> None:
         self.model, self.ctx, self.block_length = model, ctx, block_length
+        layer_fns = compiled_layer_functions() if compile_layers else None
         device = ctx.slots.device
         shifted = model.cfg.logits_shifted
         # Rows whose logits predict block slots 0..T-1 (slot 0 of a shifted model: the anchor).
         step_rows = (prediction_rows(torch.arange(1, block_length + 1), shifted) - 1).clamp_min(0).to(device)
-        self._step = _BlockForward(model, attention, ctx, block_length, step_rows, use_graph)
+        self._step = _BlockForward(model, attention, ctx, block_length, step_rows, use_graph, layer_fns)
         # The refresh of a finished block needs only its last row (the next block's anchor).
         last = torch.tensor([block_length - 1], device=device)
-        self._refresh = _BlockForward(model, attention, ctx, block_length, last, use_graph=False)
+        self._refresh = _BlockForward(model, attention, ctx, block_length, last, use_graph=False,
+                                      layer_fns=layer_fns)
         self.anchor = ctx.anchor_logits
         self.forward_passes = 2  # the prefix and question passes of the static context
         self._offsets = torch.arange(block_length, device=device)

@@ -9,7 +9,7 @@ import torch
 from engine.attention import AttentionBackend, full_mask
 from engine.chunking import chunk_tokens
 from engine.kv_cache import DocumentKV
-from engine.model import DiffusionLM
+from engine.model import DiffusionLM, LayerFunctions
 
 ProgressFn = Callable[[int, int], None]  # (chunks done, chunks total)
 
@@ -23,12 +23,14 @@ def chunks_per_batch(chunk_size: int, token_budget: int) -> int:
 def prefill_document(model: DiffusionLM, attention: AttentionBackend,
                      token_ids: torch.Tensor | list[int], chunk_size: int,
                      progress: ProgressFn | None = None, token_budget: int = 16384,
-                     out_device: torch.device | str | None = None) -> DocumentKV:
+                     out_device: torch.device | str | None = None,
+                     layer_fns: LayerFunctions | None = None) -> DocumentKV:
     """Encodes a document's content tokens into per-chunk KV.
 
     Chunks are `[BOS] + C-1 content tokens`, batched so that one forward holds at most
     `token_budget` tokens: a 1M-token document never needs all activations at once. The KV lands
     in one preallocated `[L, N, Hkv, C, D]` buffer on `out_device` (default: the model's device).
+    `layer_fns`: the layers' halves around attention (default eager; see engine.compiled_layers).
     """
     cfg = model.cfg
     device = model.embed_tokens.weight.device
@@ -48,7 +50,7 @@ def prefill_document(model: DiffusionLM, attention: AttentionBackend,
         ids = chunks.tokens[start:end].to(device)
         valid = torch.arange(c)[None, :] < chunks.lengths[start:end, None]  # [b, C]
         out = model(ids, positions.expand(end - start, c), full_mask(key_valid=valid.to(device)),
-                    attention, return_kv=True)
+                    attention, return_kv=True, layer_fns=layer_fns)
         for layer, (k, v) in enumerate(out.kv):
             keys[layer, start:end].copy_(k, non_blocking=True)
             values[layer, start:end].copy_(v, non_blocking=True)

@@ -142,9 +142,10 @@ def test_paged_runner_decodes_like_contiguous_runner(family, token_budget, posit
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["llada-8b", "dream-7b"])
-def test_paged_runner_with_cuda_graph_on_gpu(family):
-    """On CUDA, "auto" takes the paged route (native kernel, captured CUDA graph) and, in fp32,
-    commits exactly what the contiguous eager route commits. (bf16 kernel accuracy:
+@pytest.mark.parametrize("compile_layers", [False, True])
+def test_paged_runner_with_cuda_graph_on_gpu(family, compile_layers):
+    """On CUDA, "auto" takes the paged route (native kernel, captured CUDA graph, compiled layer
+    halves or eager ones) and, in fp32, commits exactly what the contiguous eager route commits. (bf16 kernel accuracy:
     test_split_kv_matches_reference; bf16 random tiny models have near-tied logits.)"""
     torch.manual_seed(0)
     model = _tiny(family, torch.float32, "cuda")
@@ -153,7 +154,8 @@ def test_paged_runner_with_cuda_graph_on_gpu(family):
     doc = prefill_document(model, attention, torch.randint(8, 512, (3000,), generator=g).cuda(), 128)
     prompt = QuestionPrompt(prefix_ids=[0, 9, 10], query_ids=list(range(20, 45)), question_span=(2, 20))
     for budget in (0, 40):
-        auto, a_steps = _answer(model, attention, doc, prompt, static_layout="auto", token_budget=budget)
+        auto, a_steps = _answer(model, attention, doc, prompt, static_layout="auto", token_budget=budget,
+                                compile_layers=compile_layers)
         contiguous, c_steps = _answer(model, attention, doc, prompt, static_layout="contiguous", token_budget=budget)
         assert auto.trace.static_layout == "paged"
         assert [(s.positions, s.tokens) for s in a_steps] == [(s.positions, s.tokens) for s in c_steps]

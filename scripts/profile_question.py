@@ -1,0 +1,147 @@
+"""Where a cached question's time goes on the GPU: kernel tables for scoring and for the decode steps.
+
+    python scripts/profile_question.py --shape dream-7b --context 32768 --out profile/   # needs CUDA
+
+Random weights at the real shape, one prefilled document, the bench's question and decoding rule
+(app/bench.py). For each variant of the decode step (eager layer halves, compiled ones) it answers
+twice untimed (compilation, graph capture), once timed (the trace's phases), then once under
+torch.profiler with the profiler started after the first decode step, so the table holds decode
+steps only. Scoring (`score_document`) is profiled on its own; prefill and scoring are also timed
+with eager and with compiled (dynamic-shape) layer halves. Writes `<variant>.txt` kernel tables
+and `summary.json` (phases, kernels per step, GPU-busy ms per step against wall ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from app.bench import SHAPES, _matmul_flops_per_token, _question
+from engine import AnswerParams, SamplingParams, ScoringParams
+from engine.answer import AnswerResult, stream_answer
+from engine.attention import select_backend
+from engine.chunk_scorer import score_document, scoring_rows
+from engine.compiled_layers import compiled_layer_functions
+from engine.prefill import prefill_document
+from engine.weights import random_model
+
+KINDS = [("gemm", r"gemm|gemv|cutlass|sm90|matmul|splitK|nvjet"), ("split_kv", r"split_kv|_merge_kernel"),
+         ("inductor", r"^triton_"), ("attention", r"flash|fmha|attention|efficient"),
+         ("softmax/reduce", r"softmax|reduce|argmax|max_|topk|sort"), ("copy/index", r"copy|index|gather|scatter|cat")]
+
+
+def _kernel_summary(prof, steps: int) -> dict:
+    """GPU kernels grouped by kind: count and ms, per step."""
+    out: dict[str, dict[str, float]] = {}
+    for evt in prof.key_averages():
+        if evt.cpu_time_total > 0 or evt.self_device_time_total <= 0:  # an operator, not a kernel
+            continue
+        kind = next((k for k, pat in KINDS if re.search(pat, evt.key, re.IGNORECASE)), "other")
+        slot = out.setdefault(kind, {"kernels_per_step": 0.0, "ms_per_step": 0.0})
+        slot["kernels_per_step"] += evt.count / steps
+        slot["ms_per_step"] += evt.self_device_time_total / 1000 / steps
+    return out
+
+
+def _seconds(fn, sync, reps: int) -> float:
+    sync()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync()
+    return (time.perf_counter() - t) / reps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="dream-7b", choices=sorted(SHAPES))
+    ap.add_argument("--context", type=int, default=32768)
+    ap.add_argument("--answer", type=int, default=32)
+    ap.add_argument("--chunk-size", type=int, default=512)
+    ap.add_argument("--top-k", type=int, default=4)
+    ap.add_argument("--out", type=Path, default=Path("profile"))
+    ap.add_argument("--device", default="cuda", help="cpu only to smoke-test the script (with --shape tiny)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device(args.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    sort_by = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    cfg = SHAPES[args.shape]
+    model = random_model(cfg, dev, dtype)
+    attention = select_backend(dev, dtype)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(8, cfg.vocab_size, (args.context,), generator=gen)
+    prompt = _question(cfg, gen)
+    sampling = SamplingParams(decoder="low_confidence", gen_length=args.answer, block_length=min(32, args.answer),
+                              steps=args.answer, stop_at_eos=False)
+    scoring = ScoringParams(scorer="self_information", llada_folds=4)
+    summary: dict = {"shape": args.shape, "context": args.context, "answer": args.answer,
+                     "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+                     "torch": torch.__version__, "variants": {}}
+
+    rows = scoring_rows(prompt.query_ids, prompt.question_span, None, scoring.window, cfg.logits_shifted)
+    flops = _matmul_flops_per_token(cfg) * args.context
+    for name, fns in (("eager", None), ("compiled_dynamic", compiled_layer_functions(dynamic=True))):
+        t = time.perf_counter()
+        doc = prefill_document(model, attention, tokens, args.chunk_size, layer_fns=fns)
+        score_document(model, attention, doc, rows, scoring, layer_fns=fns)
+        first = time.perf_counter() - t
+        prefill_s = _seconds(partial(prefill_document, model, attention, tokens, args.chunk_size, layer_fns=fns),
+                             sync, 2)
+        scoring_s = _seconds(partial(score_document, model, attention, doc, rows, scoring, layer_fns=fns), sync, 3)
+        summary[f"prefill_scoring_{name}"] = {"first_prefill_and_scoring_s": first, "prefill_s": prefill_s,
+                                              "prefill_tflops": flops / prefill_s / 1e12, "scoring_s": scoring_s}
+        print(name, summary[f"prefill_scoring_{name}"], flush=True)
+    for _ in range(2):
+        score_document(model, attention, doc, rows, scoring)
+    with profile(activities=activities) as prof:
+        score_document(model, attention, doc, rows, scoring)
+        sync()
+    (args.out / "scoring.txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=40))
+    summary["scoring_kernels"] = _kernel_summary(prof, 1)
+
+    for variant, compiled in (("eager_layers", False), ("compiled_layers", True)):
+        params = AnswerParams(top_k=args.top_k, scoring=scoring, sampling=sampling, compile_layers=compiled)
+        t = time.perf_counter()
+        for _ in range(2):
+            result = [e for e in stream_answer(model, attention, None, [doc], prompt, params)][-1]
+        warm_s = time.perf_counter() - t
+        sync()
+        t = time.perf_counter()
+        result = [e for e in stream_answer(model, attention, None, [doc], prompt, params)][-1]
+        sync()
+        total = time.perf_counter() - t
+        assert isinstance(result, AnswerResult)
+        events = stream_answer(model, attention, None, [doc], prompt, params)
+        next(events)  # everything up to and including the first step
+        sync()
+        prof = profile(activities=activities)
+        prof.start()
+        t = time.perf_counter()
+        steps = sum(1 for e in events if not isinstance(e, AnswerResult))
+        sync()
+        wall = time.perf_counter() - t
+        prof.stop()
+        (args.out / f"{variant}.txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=40))
+        kernels = _kernel_summary(prof, steps)
+        summary["variants"][variant] = {
+            "static_layout": result.trace.static_layout, "first_two_questions_s": warm_s, "question_s": total,
+            "phases": result.trace.timings,
+            "step_ms_profiled_wall": 1000 * wall / steps, "steps_profiled": steps,
+            "gpu_busy_ms_per_step": sum(k["ms_per_step"] for k in kernels.values()),
+            "kernels_per_step": sum(k["kernels_per_step"] for k in kernels.values()), "by_kind": kernels}
+        print(variant, json.dumps(summary["variants"][variant], indent=1), flush=True)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -21,6 +21,7 @@ import torch
 from engine import KNOWN_CONFIGS, AnswerParams, SamplingParams, ScoringParams
 from engine.answer import stream_answer
 from engine.attention import select_backend
+from engine.compiled_layers import layer_functions_for
 from engine.config import ModelConfig
 from engine.decode import DecodeStep
 from engine.kv_cache import DocumentKV
@@ -89,14 +90,15 @@ def _answer(model, attention, doc, prompt, params, max_steps: int | None):
 
 
 def _warm_up(model, attention, cfg: ModelConfig, modes: list[str], chunk_size: int, top_k: int,
-             gen: torch.Generator) -> None:
-    """One untimed question per mode on a small document: cuBLAS, Triton compilation and lazy
-    initialisation happen here, not in the first timed context."""
+             gen: torch.Generator, compile_layers: bool) -> None:
+    """One untimed question per mode on a small document: cuBLAS, Triton and torch.compile
+    compilation and lazy initialisation happen here, not in the first timed context."""
+    layer_fns = layer_functions_for(model.embed_tokens.weight.device, compile_layers, dynamic=True)
     doc = prefill_document(model, attention, torch.randint(8, cfg.vocab_size, (chunk_size * (top_k + 1),),
-                                                           generator=gen), chunk_size)
+                                                           generator=gen), chunk_size, layer_fns=layer_fns)
     sampling = SamplingParams(decoder="low_confidence", gen_length=32, block_length=32, steps=32, stop_at_eos=False)
     for mode in modes:
-        params = AnswerParams(top_k=top_k, kv_mode=mode, sampling=sampling,
+        params = AnswerParams(top_k=top_k, kv_mode=mode, sampling=sampling, compile_layers=compile_layers,
                               scoring=ScoringParams(scorer="self_information", llada_folds=4))
         _answer(model, attention, doc, _question(cfg, gen), params, 2 if mode == "dense" else None)
 
@@ -108,14 +110,16 @@ def _matmul_flops_per_token(cfg: ModelConfig) -> float:
 
 
 def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], device: str | None,
-        chunk_size: int, top_k: int, dense_budget_s: float, progress=print) -> list[BenchRow]:
+        chunk_size: int, top_k: int, dense_budget_s: float, progress=print,
+        compile_layers: bool = True) -> list[BenchRow]:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     cfg = SHAPES[shape]
     model = random_model(cfg, dev, dtype)
     attention = select_backend(dev, dtype)
     gen = torch.Generator().manual_seed(0)
-    _warm_up(model, attention, cfg, modes, chunk_size, top_k, gen)
+    _warm_up(model, attention, cfg, modes, chunk_size, top_k, gen, compile_layers)
+    layer_fns = layer_functions_for(dev, compile_layers, dynamic=True)
     rows = []
     for context in contexts:
         tokens = torch.randint(8, cfg.vocab_size, (context,), generator=gen)
@@ -124,7 +128,7 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
             torch.cuda.reset_peak_memory_stats(dev)
         _sync(dev)
         t = time.perf_counter()
-        doc = prefill_document(model, attention, tokens, chunk_size)  # once; every mode reuses it
+        doc = prefill_document(model, attention, tokens, chunk_size, layer_fns=layer_fns)  # once, for every mode
         _sync(dev)
         prefill_s = time.perf_counter() - t
         prefill_tflops = _matmul_flops_per_token(cfg) * doc.num_chunks * chunk_size / prefill_s / 1e12
@@ -146,7 +150,7 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
                     torch.cuda.reset_peak_memory_stats(dev)
                 params = AnswerParams(top_k=top_k, kv_mode=mode, scoring=ScoringParams(scorer="self_information",
                                                                                         llada_folds=4),
-                                      sampling=sampling)
+                                      sampling=sampling, compile_layers=compile_layers)
                 max_steps = None
                 if mode == "dense":  # time two steps once per context, then decide whether to extrapolate
                     if dense_step_s is None:

@@ -119,6 +119,8 @@ def _build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--dense-budget-s", type=float, default=120.0,
                     help="above this estimated time, dense runs 2 steps and is extrapolated")
     bn.add_argument("--device", default=None)
+    bn.add_argument("--no-compile", action="store_true",
+                    help="run the layers eagerly on CUDA (default: compiled layer halves, every mode)")
     bn.add_argument("--out", type=Path, default=Path("bench-out"))
 
     mk = sub.add_parser("make-random-model",
@@ -352,9 +354,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from app import bench
 
     rows = bench.run(args.shape, args.contexts, args.answers, args.modes, args.device, args.chunk_size, args.top_k,
-                     args.dense_budget_s, progress=lambda line: print(line, file=sys.stderr, flush=True))
+                     args.dense_budget_s, progress=lambda line: print(line, file=sys.stderr, flush=True),
+                     compile_layers=not args.no_compile)
     meta = {"shape": args.shape, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "chunk_size": args.chunk_size, "top_k": args.top_k,
+            "compile_layers": not args.no_compile,
             "rule": "one token committed per step in every mode"}
     bench.write(rows, args.out, meta)
     print(bench.table(rows))

@@ -22,9 +22,10 @@ from engine.chunk_scorer import (
     score_document,
     scoring_rows,
 )
+from engine.compiled_layers import layer_functions_for
 from engine.decode import DecodeStep, DenseRunner, FastDLLMRunner, run_blocks
 from engine.kv_cache import POSITION_MODES, DocumentKV, chunk_deltas, gather_kept_tokens
-from engine.model import DiffusionLM
+from engine.model import DiffusionLM, LayerFunctions
 from engine.paged_decode import PagedStaticRunner, build_paged_context
 from engine.prompting import DEFAULT_INSTRUCTION, QuestionPrompt, build_question_prompt
 from engine.sampling import SamplingParams
@@ -60,8 +61,8 @@ class AnswerParams:
     # and concatenated (the reference route); "auto" = paged wherever it runs natively (CUDA with
     # Triton, one document already on the GPU, no re-selection), else contiguous.
     static_layout: str = "auto"
-    # On the paged route on CUDA: run the layers' halves around attention compiled
-    # (engine.compiled_layers); the first question in a process pays the compilation.
+    # On CUDA, run the layers' halves around attention compiled (engine.compiled_layers) in scoring
+    # and paged decoding; the first question in a process pays the compilation (seconds).
     compile_layers: bool = True
 
     def __post_init__(self) -> None:
@@ -126,12 +127,17 @@ def _pool(documents: Sequence[DocumentKV]) -> list[ChunkRef]:
     return [ChunkRef(d, c) for d, doc in enumerate(documents) for c in range(doc.num_chunks)]
 
 
-def _score_all(model, attention, documents, rows, params: ScoringParams):
-    per_doc = [score_document(model, attention, doc, rows, params) for doc in documents]
+def _score_all(model, attention, documents, rows, params: ScoringParams, layer_fns: LayerFunctions | None = None):
+    per_doc = [score_document(model, attention, doc, rows, params, layer_fns) for doc in documents]
     scores = torch.cat([s.scores for s in per_doc]) if per_doc else torch.zeros(0)
     layers = model.cfg.num_layers
     anchors = torch.cat([s.anchors for s in per_doc]) if per_doc else torch.zeros(0, layers)
     return scores, anchors
+
+
+def _scoring_layers(model: DiffusionLM, params: AnswerParams) -> LayerFunctions | None:
+    """Layer halves for forwards of varying shapes (scoring, the baselines): compiled dynamic."""
+    return layer_functions_for(model.embed_tokens.weight.device, params.compile_layers, dynamic=True)
 
 
 def _select(scores: torch.Tensor, params: AnswerParams) -> torch.Tensor:
@@ -154,7 +160,8 @@ def _gather_selected(model, attention, documents, refs: list[ChunkRef], rows, pa
     counts = [[cfg.num_layers * cfg.num_kv_heads] * int(n) for n in lengths]
     if params.token_budget > 0 and params.token_budget < c:
         relevance = torch.cat([
-            chunk_relevance(model, attention, documents[r.document], torch.tensor([r.chunk]), rows)
+            chunk_relevance(model, attention, documents[r.document], torch.tensor([r.chunk]), rows,
+                            _scoring_layers(model, params))
             for r in refs])  # [K, L, Hkv, C]
         kept, valid = select_kept_tokens(relevance, lengths, params.token_budget, params.pool_kernel)
         if params.kv_mode == "static":
@@ -210,7 +217,7 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
     if baseline:
         scores, anchors_scoring = torch.zeros(0), torch.zeros(0, cfg.num_layers)
     else:
-        scores, anchors_scoring = _score_all(model, attention, documents, rows, sp)
+        scores, anchors_scoring = _score_all(model, attention, documents, rows, sp, _scoring_layers(model, params))
     t = clock.lap("scoring", t)
     chosen = _select(scores, params) if candidates else torch.zeros(0, dtype=torch.long)
     refs = [candidates[i] for i in chosen.tolist()]
@@ -224,10 +231,11 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
 
     if baseline:
         ids = _dense_prompt(prompt, documents, cfg.bos_token_id)
+        # The baselines get the same compiled layers as the method (fair timings).
         if params.kv_mode == "dense":
-            runner = DenseRunner(model, attention, ids)
+            runner = DenseRunner(model, attention, ids, _scoring_layers(model, params))
         else:
-            runner = FastDLLMRunner(model, attention, ids, params.sampling.block_length)
+            runner = FastDLLMRunner(model, attention, ids, params.sampling.block_length, _scoring_layers(model, params))
     else:
         runner = _method_runner(model, attention, documents, prompt, rows, refs, chosen, params, trace)
     t = clock.lap("kv_build", t)
@@ -278,9 +286,9 @@ def _method_runner(model, attention, documents, prompt, rows, refs, chosen, para
                                     params.sampling.gen_length, params.sampling.block_length,
                                     use_kernel=kernel_usable(device, model.cfg.head_dim))
         trace.static_layout = "paged"
-        on_cuda = device.type == "cuda"
-        return PagedStaticRunner(model, attention, paged, params.sampling.block_length, use_graph=on_cuda,
-                                 compile_layers=on_cuda and params.compile_layers)
+        return PagedStaticRunner(model, attention, paged, params.sampling.block_length,
+                                 use_graph=device.type == "cuda",
+                                 layer_fns=layer_functions_for(device, params.compile_layers, dynamic=False))
 
     def reselect(block: int, answer: torch.Tensor) -> FixedContext | None:
         if params.reselect_every <= 0 or (block + 1) % params.reselect_every:
@@ -290,7 +298,8 @@ def _method_runner(model, attention, documents, prompt, rows, refs, chosen, para
         new_rows = dataclasses.replace(
             rows, ids=torch.cat((torch.tensor(prompt.query_ids), torch.tensor(done))),
             targets=torch.cat((rows.targets[:len(prompt.query_ids)], torch.ones(len(done), dtype=torch.bool))))
-        new_scores, _ = _score_all(model, attention, documents, new_rows, params.scoring)
+        new_scores, _ = _score_all(model, attention, documents, new_rows, params.scoring,
+                                   _scoring_layers(model, params))
         new_chosen = _select(new_scores, params)
         pool = _pool(documents)
         new_refs = [pool[i] for i in new_chosen.tolist()]

@@ -1,32 +1,59 @@
-"""Compiled layer halves for the GPU decode step (regional torch.compile).
+"""Compiled layer halves for the GPU (regional torch.compile).
 
 A decode step at Dream-7B shape runs 32 rows through 28 layers. Eager, each layer is ~45 kernels,
 most of them tiny elementwise ones (fp32 RMSNorm, RoPE, bias, SwiGLU, residual adds) that cost
-more in launch and memory round trips than in arithmetic. Inductor fuses each half of a layer
+more in launches and memory round trips than in arithmetic. Inductor fuses each half of a layer
 (`Block.attention_inputs`: norm + q/k/v + RoPE; `Block.finish`: o_proj + residual + norm + MLP +
-residual) into a few kernels around the matmuls. Attention stays outside, in the cache's own kernel.
+residual) into a few kernels around the matmuls. Attention stays outside, in the backend or the
+cache's own kernel, so the model still does not know which attention runs.
 
 The halves are compiled as functions that take the Block as an argument, so one compiled graph
-serves all layers (parameters are graph inputs, not constants). Shapes are static (a decode step's
-block length never changes within an answer, nor across questions); prefill and scoring, whose
-batch and row counts vary, take the `dynamic` variant (sizes symbolic, no recompilation per
-shape). The eager methods are the reference: `tests/test_compiled_layers.py` compares both.
+serves all layers (parameters are graph inputs, not constants). The decode step's shapes never
+change (`dynamic=False`); prefill and scoring, whose batch and row counts vary, take the dynamic
+variant (sizes symbolic, no recompilation per shape). The eager methods are the reference:
+`tests/test_compiled_layers.py` compares both.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+from collections.abc import Callable
 
 import torch
 
 from engine.model import Block, LayerFunctions
 
+logger = logging.getLogger(__name__)
+
+
+class _EagerOnFailure:
+    """Calls the compiled function; if compiling or running it raises, warns once and calls the
+    eager one from then on (the halves are pure, so the eager rerun gives the same result)."""
+
+    def __init__(self, compiled: Callable, eager: Callable) -> None:
+        self.compiled, self.eager, self.failed = compiled, eager, False
+
+    def __call__(self, *args):
+        if not self.failed:
+            try:
+                return self.compiled(*args)
+            except Exception as e:  # torch.compile raises backend-specific types; eager is slower, not wrong
+                logger.warning("compiling the layers failed (%s: %s); running them eagerly",
+                               type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+                self.failed = True
+        return self.eager(*args)
+
 
 @functools.cache
 def compiled_layer_functions(dynamic: bool = False) -> LayerFunctions:
-    """The compiled halves, created once per process and variant: compiled code is cached per
-    wrapper, so a new wrapper per question would recompile."""
-    return LayerFunctions(
-        attention_inputs=torch.compile(Block.attention_inputs, dynamic=dynamic, fullgraph=True),
-        finish=torch.compile(Block.finish, dynamic=dynamic, fullgraph=True),
-    )
+    """The compiled halves, created once per process and variant (compiled code is cached per
+    wrapper: a new wrapper per question would recompile)."""
+    return LayerFunctions(*(
+        _EagerOnFailure(torch.compile(fn, dynamic=dynamic, fullgraph=True), fn)
+        for fn in (Block.attention_inputs, Block.finish)))
+
+
+def layer_functions_for(device: torch.device, enabled: bool, dynamic: bool) -> LayerFunctions | None:
+    """Compiled halves where they pay off (CUDA, and the caller allows it), else None (eager)."""
+    return compiled_layer_functions(dynamic) if enabled and device.type == "cuda" else None

@@ -21,7 +21,7 @@ import torch
 
 from engine.attention import AttentionBackend, full_mask
 from engine.config import ModelConfig
-from engine.model import DiffusionLM
+from engine.model import DiffusionLM, LayerFunctions
 from engine.sampling import (
     SamplingParams,
     StepPlan,
@@ -66,48 +66,61 @@ class StepRunner(Protocol):
 def run_blocks(runner: StepRunner, cfg: ModelConfig, params: SamplingParams,
                generator: torch.Generator | None, device: torch.device
                ) -> Generator[DecodeStep, None, DecodeOutcome]:
-    """Decodes `params.gen_length` answer slots block by block with `params.decoder`."""
+    """Decodes `params.gen_length` answer slots block by block with `params.decoder`.
+
+    The canvas lives on the device (the runners read it) and is mirrored on the host; each step
+    synchronises once, to copy back which slots it committed. Everything the loop decides from
+    (masked slots, stop tokens) is read from the mirror, so the GPU is not drained more than that.
+    """
     mask_id = cfg.mask_token_id
     answer = torch.full((params.gen_length,), mask_id, dtype=torch.long, device=device)
+    canvas = [mask_id] * params.gen_length  # host mirror of `answer`
     step, stopped_early = 0, False
     for block in range(params.num_blocks):
         lo, hi = block * params.block_length, (block + 1) * params.block_length
         runner.block_start(block, answer)
-        masked_at_start = int((answer[lo:hi] == mask_id).sum())
+        masked = [i for i in range(lo, hi) if canvas[i] == mask_id]
+        masked_at_start = len(masked)
         step_in_block = 0
-        while (answer[lo:hi] == mask_id).any():
-            slots = lo + torch.nonzero(answer[lo:hi] == mask_id)[:, 0]  # [M]
+        while masked:
+            slots = torch.tensor(masked, device=device)  # [M]
             logits = runner.slot_logits(block, answer, slots)
             plan = StepPlan(step_in_block, params.steps_per_block, masked_at_start)
             chosen, tokens = choose_commits(logits, params, plan, generator)
-            answer[slots[chosen]] = tokens[chosen]
-            yield DecodeStep(step=step, block=block, positions=tuple(slots[chosen].tolist()),
-                             tokens=tuple(tokens[chosen].tolist()),
-                             masked_left=int((answer == mask_id).sum()))
+            answer[slots] = torch.where(chosen, tokens, answer[slots])
+            commit, new = torch.stack((chosen.long(), tokens)).tolist()  # the step's one synchronisation
+            positions = tuple(p for p, c in zip(masked, commit, strict=True) if c)
+            committed = tuple(t for t, c in zip(new, commit, strict=True) if c)
+            for pos, tok in zip(positions, committed, strict=True):
+                canvas[pos] = tok
+            masked = [p for p, c in zip(masked, commit, strict=True) if not c]
+            yield DecodeStep(step=step, block=block, positions=positions, tokens=committed,
+                             masked_left=canvas.count(mask_id))
             step += 1
             step_in_block += 1
-            if params.stop_at_eos and answer_is_settled(answer, mask_id, cfg.stop_token_ids):
-                stopped_early = bool((answer == mask_id).any())
+            if params.stop_at_eos and answer_is_settled(canvas, mask_id, cfg.stop_token_ids):
+                stopped_early = mask_id in canvas
                 break
         if stopped_early:
             break
         if block < params.num_blocks - 1:
             runner.block_done(block, answer)
-    canvas = answer.tolist()
     return DecodeOutcome(answer_ids=cut_at_stop(canvas, cfg.stop_token_ids), canvas=canvas,
                          steps=step, forward_passes=runner.forward_passes,
                          stopped_early=stopped_early)
 
 
 def block_logits(model: DiffusionLM, attention: AttentionBackend, ids: torch.Tensor, positions: torch.Tensor,
-                 mask, past, slots: torch.Tensor, anchor: torch.Tensor | None) -> torch.Tensor:
+                 mask, past, slots: torch.Tensor, anchor: torch.Tensor | None,
+                 layer_fns: LayerFunctions | None = None) -> torch.Tensor:
     """Logits [M, V] for block slots `slots` ([M], 0-based in the block) from one block forward.
 
     For a shifted-logit model, slot 0 is predicted by the row before the block, whose logits
     (`anchor`, [V]) were computed with that row's KV; every other slot by the block row before it.
     """
     frame = prediction_rows(slots + 1, model.cfg.logits_shifted)  # frame row 0 = the row before the block
-    out = model(ids, positions, mask, attention, past=past, logits_rows=(frame - 1).clamp_min(0), return_kv=False)
+    out = model(ids, positions, mask, attention, past=past, logits_rows=(frame - 1).clamp_min(0), return_kv=False,
+                layer_fns=layer_fns)
     return slot_logits_from_rows(out.logits[0], slots, anchor, model.cfg.logits_shifted)
 
 
@@ -123,8 +136,9 @@ def slot_logits_from_rows(logits: torch.Tensor, slots: torch.Tensor, anchor: tor
 class DenseRunner:
     """Every step recomputes [prompt | whole answer canvas] with full bidirectional attention."""
 
-    def __init__(self, model: DiffusionLM, attention: AttentionBackend, prompt_ids: torch.Tensor) -> None:
-        self.model, self.attention = model, attention
+    def __init__(self, model: DiffusionLM, attention: AttentionBackend, prompt_ids: torch.Tensor,
+                 layer_fns: LayerFunctions | None = None) -> None:
+        self.model, self.attention, self.layer_fns = model, attention, layer_fns
         device = model.embed_tokens.weight.device
         self.prompt = prompt_ids.to(device)
         self.forward_passes = 0
@@ -139,7 +153,8 @@ class DenseRunner:
         seq = torch.cat((self.prompt, answer))[None]
         positions = torch.arange(seq.shape[1], device=seq.device)[None]
         rows = prediction_rows(self.prompt.numel() + slots, self.model.cfg.logits_shifted)
-        out = self.model(seq, positions, full_mask(), self.attention, logits_rows=rows, return_kv=False)
+        out = self.model(seq, positions, full_mask(), self.attention, logits_rows=rows, return_kv=False,
+                         layer_fns=self.layer_fns)
         self.forward_passes += 1
         return out.logits[0]
 
@@ -150,8 +165,8 @@ class FastDLLMRunner:
     attending to the cached prompt, finished blocks and (stale) future masks."""
 
     def __init__(self, model: DiffusionLM, attention: AttentionBackend, prompt_ids: torch.Tensor,
-                 block_length: int) -> None:
-        self.model, self.attention = model, attention
+                 block_length: int, layer_fns: LayerFunctions | None = None) -> None:
+        self.model, self.attention, self.layer_fns = model, attention, layer_fns
         device = model.embed_tokens.weight.device
         self.prompt = prompt_ids.to(device)
         self.block_length = block_length
@@ -166,7 +181,7 @@ class FastDLLMRunner:
         positions = torch.arange(seq.shape[1], device=seq.device)[None]
         lo, hi = p + block * self.block_length, p + (block + 1) * self.block_length
         rows = prediction_rows(torch.arange(lo, hi, device=seq.device), cfg.logits_shifted)
-        out = self.model(seq, positions, full_mask(), self.attention, logits_rows=rows)
+        out = self.model(seq, positions, full_mask(), self.attention, logits_rows=rows, layer_fns=self.layer_fns)
         self.forward_passes += 1
         self._first_logits = out.logits[0]
         self._anchor = out.logits[0, 0]
@@ -187,7 +202,7 @@ class FastDLLMRunner:
         self.forward_passes += 1
         anchor = self._anchor if self.model.cfg.logits_shifted else None
         return block_logits(self.model, self.attention, answer[None, lo:lo + self.block_length], self._block_pos,
-                            full_mask(), self._past, slots - lo, anchor)
+                            full_mask(), self._past, slots - lo, anchor, self.layer_fns)
 
 
 def dense_decode(model: DiffusionLM, attention: AttentionBackend, prompt_ids: torch.Tensor,

@@ -12,6 +12,7 @@ import torch
 
 from engine.answer import AnswerParams, AnswerResult, stream_answer
 from engine.attention import AttentionBackend, full_mask, select_backend
+from engine.compiled_layers import layer_functions_for
 from engine.config import ModelConfig
 from engine.decode import DecodeStep, dense_decode
 from engine.kv_cache import DocumentKV
@@ -49,13 +50,16 @@ class Engine:
     """A diffusion LM ready to run: `Engine.from_pretrained(folder)`."""
 
     def __init__(self, model: DiffusionLM, tokenizer, attention: AttentionBackend,
-                 path: Path | None = None, fingerprint: str = "") -> None:
+                 path: Path | None = None, fingerprint: str = "", compile_layers: bool = True) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.attention = attention
         self.path = path
         # Identifies the checkpoint (config, tokenizer, weights): KV caches are keyed by it.
         self.fingerprint = fingerprint
+        # Prefill with compiled layer halves on CUDA (engine.compiled_layers); questions decide
+        # for themselves through AnswerParams.compile_layers.
+        self.compile_layers = compile_layers
 
     @property
     def config(self) -> ModelConfig:
@@ -136,8 +140,8 @@ class Engine:
                 progress: ProgressFn | None = None, token_budget: int = 16384,
                 out_device: torch.device | str | None = None) -> DocumentKV:
         """Encodes a document's tokens into BOS-prefixed per-chunk KV ([L, N, Hkv, C, D])."""
-        return prefill_document(self.model, self.attention, token_ids, chunk_size, progress,
-                                token_budget, out_device)
+        return prefill_document(self.model, self.attention, token_ids, chunk_size, progress, token_budget, out_device,
+                                layer_functions_for(self.device, self.compile_layers, dynamic=True))
 
     def prefill_text(self, text: str, chunk_size: int, progress: ProgressFn | None = None) -> DocumentKV:
         """Tokenizes plain text (no special tokens) and prefills it."""

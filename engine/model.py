@@ -73,14 +73,28 @@ class SelfAttention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=False)
+        # Set by `fuse`: [q; k; v] in one matrix (not saved; the three weights become views of it).
+        self.register_buffer("qkv_weight", None, persistent=False)
+        self.register_buffer("qkv_bias", None, persistent=False)
+
+    def fuse(self) -> None:
+        """One matmul for q, k and v (see DiffusionLM.fuse_projections)."""
+        self.qkv_weight = _fuse_linears(self.q_proj, self.k_proj, self.v_proj, "weight")
+        if self.cfg.qkv_bias:
+            self.qkv_bias = _fuse_linears(self.q_proj, self.k_proj, self.v_proj, "bias")
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x [B, T, hidden] -> q [B, Hq, T, D], k, v [B, Hkv, T, D], q and k after RoPE."""
         cfg = self.cfg
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        if self.qkv_weight is not None:
+            q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+            q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split((q_dim, kv_dim, kv_dim), dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(b, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+        k = k.view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        v = v.view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         return apply_rope(q, cos, sin, cfg.rope_in_fp32), apply_rope(k, cos, sin, cfg.rope_in_fp32), v
 
     def attend(self, q, k, v, mask: MaskSpec, attention: AttentionBackend, past: LayerKV | AttendingCache | None,
@@ -110,9 +124,31 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.register_buffer("gate_up_weight", None, persistent=False)  # set by `fuse`: [gate; up]
+
+    def fuse(self) -> None:
+        """One matmul for gate and up (see DiffusionLM.fuse_projections)."""
+        self.gate_up_weight = _fuse_linears(self.gate_proj, self.up_proj, None, "weight")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_weight is not None:
+            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def _fuse_linears(a: nn.Linear, b: nn.Linear, c: nn.Linear | None, name: str) -> torch.Tensor:
+    """Concatenates the linears' `name` tensors along the output dim and makes each linear's own
+    parameter a view of the result, so fusing adds no memory and loading a state dict afterwards
+    still updates the fused tensor."""
+    parts = [getattr(m, name) for m in (a, b, c) if m is not None]
+    fused = torch.cat([p.detach() for p in parts], dim=0)
+    start = 0
+    for m, p in zip((a, b, c), parts, strict=False):
+        setattr(m, name, nn.Parameter(fused[start:start + p.shape[0]], requires_grad=p.requires_grad))
+        start += p.shape[0]
+    return fused
 
 
 class Block(nn.Module):
@@ -202,6 +238,18 @@ class DiffusionLM(nn.Module):
                 captured[i] = probs
         return ModelOutput(logits=self._logits(h, logits_rows), kv=new_kv if return_kv else None,
                            attention=captured)
+
+    def fuse_projections(self) -> None:
+        """For inference: q/k/v and gate/up each run as one matmul (fewer, larger GEMMs; a decode
+        step at 32 rows reads the weights once either way, but small GEMMs waste bandwidth).
+
+        The separate weights stay as parameters (views into the fused tensors): names, state
+        dicts and checkpoints are unchanged. Call it after the weights are on their device: moving
+        the model afterwards would copy the views and the fused tensors apart.
+        """
+        for layer in self.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
 
     def _logits(self, h: torch.Tensor, rows: torch.Tensor | str | None) -> torch.Tensor | None:
         if rows is None:

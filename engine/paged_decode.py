@@ -7,9 +7,9 @@ that module), but nothing is gathered or concatenated per step: every layer atte
 - a preallocated tail [prefix | question | answer slots], where each block forward writes the
   active block's KV into its own slots; a finished block's refresh writes its final KV there once.
 Tensor shapes never change within an answer, so one block forward is captured as a CUDA graph and
-replayed at every step (inputs copied into static buffers; no host synchronisation inside). With
-`compile_layers` the layers' halves around attention run compiled (`engine.compiled_layers`), which
-fuses their elementwise work; if compilation fails, the step logs a warning and runs eagerly.
+replayed at every step (inputs copied into static buffers; no host synchronisation inside). The
+layers' halves around attention may run compiled (`engine.compiled_layers`), which fuses their
+elementwise work.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from engine.attention.split_kv import (
     split_kv_attention,
     split_kv_reference,
 )
-from engine.compiled_layers import compiled_layer_functions
 from engine.decode import slot_logits_from_rows
 from engine.kv_cache import DocumentKV
 from engine.model import DiffusionLM, LayerFunctions
@@ -124,18 +123,6 @@ class _BlockForward:
         return self.model(self.ids, self.positions, full_mask(), self.attention, past=self.ctx.layers,
                           logits_rows=self.rows, return_kv=False, layer_fns=layer_fns).logits[0]
 
-    def _forward(self) -> torch.Tensor:
-        """One launch of the block forward, with the compiled halves while they work."""
-        if self.layer_fns is None:
-            return self._run(None)
-        try:
-            return self._run(self.layer_fns)
-        except Exception as e:  # torch.compile raises backend-specific types; eager is slower, not wrong
-            logger.warning("compiling the decode layers failed (%s: %s); running them eagerly",
-                           type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-            self.layer_fns = None
-            return self._run(None)  # rewrites the same KV into the same slots: nothing is doubled
-
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.ids.copy_(ids)
         self.positions.copy_(positions)
@@ -144,7 +131,7 @@ class _BlockForward:
         if self.graph is not None:
             self.graph.replay()
             return self.out
-        return self._forward()
+        return self._run(self.layer_fns)
 
     def _capture(self) -> None:
         # Warm-up on a side stream (compiles the layers and the Triton kernels, sets up cuBLAS),
@@ -153,7 +140,7 @@ class _BlockForward:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self._forward()
+            self._run(self.layer_fns)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         try:
@@ -170,9 +157,8 @@ class PagedStaticRunner:
     """A StepRunner (see engine.decode) over a PagedContext."""
 
     def __init__(self, model: DiffusionLM, attention: AttentionBackend, ctx: PagedContext, block_length: int,
-                 use_graph: bool, compile_layers: bool = False) -> None:
+                 use_graph: bool, layer_fns: LayerFunctions | None = None) -> None:
         self.model, self.ctx, self.block_length = model, ctx, block_length
-        layer_fns = compiled_layer_functions() if compile_layers else None
         device = ctx.slots.device
         shifted = model.cfg.logits_shifted
         # Rows whose logits predict block slots 0..T-1 (slot 0 of a shifted model: the anchor).

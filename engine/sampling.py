@@ -218,17 +218,14 @@ def choose_commits(logits: torch.Tensor, params: SamplingParams, plan: StepPlan,
     return chosen, proposal.tokens
 
 
-def answer_is_settled(answer: torch.Tensor, mask_id: int, stop_ids: tuple[int, ...]) -> bool:
+def answer_is_settled(answer: list[int], mask_id: int, stop_ids: tuple[int, ...]) -> bool:
     """True when a stop token is committed and every slot before it is committed.
 
-    answer: [G] the answer canvas. Decoders never un-commit a slot, so from then on the text before
-    the stop token cannot change and decoding may end early.
+    answer: the answer canvas (token ids; masks where not yet committed). Decoders never un-commit
+    a slot, so from then on the text before the stop token cannot change and decoding may end early.
     """
-    is_stop = torch.isin(answer, torch.tensor(stop_ids, device=answer.device))
-    if not is_stop.any():
-        return False
-    first = int(torch.nonzero(is_stop)[0, 0])
-    return not bool((answer[:first] == mask_id).any())
+    first = next((i for i, tok in enumerate(answer) if tok in stop_ids), None)
+    return first is not None and mask_id not in answer[:first]
 
 
 def cut_at_stop(answer: list[int], stop_ids: tuple[int, ...]) -> list[int]:

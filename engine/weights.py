@@ -194,9 +194,11 @@ def load_model(folder: str | Path, cfg: ModelConfig | None = None,
     if wrong_shape:
         raise CheckpointError(f"{folder}: tensors with the wrong shape: " + "; ".join(wrong_shape))
     _assign_state(model, state)
+    del state  # the model holds the tensors now; fusing then frees each separate weight as it goes
     leftover = [n for n, p in model.named_parameters() if p.is_meta]
     if leftover:
         raise CheckpointError(f"{folder}: parameters left unloaded: {', '.join(leftover)}")
+    model.fuse_projections()
     model.eval()
     logger.info("loaded %s (%s, %d layers) on %s as %s", folder, cfg.family, cfg.num_layers,
                 device, dtype)
@@ -229,6 +231,7 @@ def random_model(cfg: ModelConfig, device: torch.device | str, dtype: torch.dtyp
     with torch.device("meta"):
         model = DiffusionLM(cfg)
     _assign_state(model, random_state_dict(cfg, seed, std, device, dtype))
+    model.fuse_projections()
     return model.eval()
 
 

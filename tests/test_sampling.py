@@ -131,9 +131,10 @@ def test_origin_commits_with_probability_one_minus_s_over_t():
 
 def test_eos_settles_answer():
     mask, eos = 99, 7
-    assert not answer_is_settled(torch.tensor([1, mask, eos, mask]), mask, (eos,))
-    assert answer_is_settled(torch.tensor([1, 2, eos, mask]), mask, (eos,))
-    assert not answer_is_settled(torch.tensor([1, 2, 3, mask]), mask, (eos,))
+    assert not answer_is_settled([1, mask, eos, mask], mask, (eos,))
+    assert answer_is_settled([1, 2, eos, mask], mask, (eos,))
+    assert not answer_is_settled([1, 2, 3, mask], mask, (eos,))
+    assert answer_is_settled([eos, mask], mask, (eos,))
     assert cut_at_stop([4, 5, 8, 7, 1], (7, 8)) == [4, 5]
 
 

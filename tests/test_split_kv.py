@@ -64,9 +64,11 @@ def test_split_kv_matches_reference(device, dtype, case, hq_per_kv, tq):
     q = torch.randn(kv.num_kv_heads * hq_per_kv, tq, kv.k_pages.shape[-1]).to(device, dtype)
     ref = split_kv_reference(q, kv, 0.1)
     rows = hq_per_kv * tq
-    for programs, tail_split in ((1, 16), (10_000, 16), (264, 512)):  # one split per page ... all pages in one
-        plan = make_split_plan(kv, rows, target_programs=programs, tail_split=tail_split)
-        out = split_kv_attention(q, kv, 0.1, plan, block_n=16)
+    # All pages in one split; one split per page; pages cut in parts of 16 tokens; the default cut.
+    for programs, tail_split, min_keys in ((1, 16, 256), (10_000, 16, 256), (10_000, 16, 16), (264, 512, 256)):
+        plan = make_split_plan(kv, rows, target_programs=programs, tail_split=tail_split, block_n=16,
+                               min_split_keys=min_keys)
+        out = split_kv_attention(q, kv, 0.1, plan)
         assert out.dtype == q.dtype and out.shape == q.shape
         torch.testing.assert_close(out.float(), ref.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
@@ -91,9 +93,11 @@ def test_split_plan_sizes():
     one_split = make_split_plan(kv, 21, target_programs=1)
     assert (one_split.pages_per_split, one_split.num_page_splits) == (5, 1)
     per_page = make_split_plan(kv, 21, target_programs=10_000)
-    assert (per_page.pages_per_split, per_page.num_page_splits) == (1, 5)
-    assert per_page.block_m == 32 and per_page.num_tail_splits == 1
-    assert make_split_plan(kv, 224).block_m == 128
+    assert (per_page.pages_per_split, per_page.page_parts, per_page.num_page_splits) == (1, 1, 5)
+    assert per_page.block_m == 32 and per_page.num_tail_splits == 1 and per_page.tail_split == 64
+    parts = make_split_plan(kv, 21, target_programs=10_000, block_n=16, min_split_keys=16)  # 21 kept: 2 tiles
+    assert (parts.page_parts, parts.part_len, parts.num_page_splits) == (2, 16, 10)
+    assert make_split_plan(kv, 224).block_m == 64
     assert make_split_plan(kv, 7, tail_split=16).num_tail_splits == 3  # 45 rows of capacity
 
 

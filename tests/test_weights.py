@@ -108,3 +108,28 @@ def test_single_file_llada_with_tied_head(tmp_path):
     model = load_model(folder)
     assert model.lm_head.weight is model.embed_tokens.weight
     assert model.cfg.tie_word_embeddings and model.cfg.num_layers == cfg.num_layers
+
+
+def test_fused_projections_compute_what_the_separate_ones_do(family_dir):
+    """load_model fuses q/k/v and gate/up; names, state dict and outputs are those of the unfused model."""
+    from engine.attention import full_mask, select_backend
+    from engine.model import DiffusionLM
+
+    _, folder = family_dir
+    fused = load_model(folder)
+    assert all(layer.self_attn.qkv_weight is not None and layer.mlp.gate_up_weight is not None
+               for layer in fused.layers)
+    plain = DiffusionLM(fused.cfg).eval()
+    plain.load_state_dict(fused.state_dict())  # the same keys: nothing fused is saved
+    ids = torch.randint(0, fused.cfg.vocab_size, (2, 11))
+    pos = torch.arange(11).expand(2, 11)
+    backend = select_backend("cpu", torch.float32)
+    with torch.inference_mode():
+        out_fused = fused(ids, pos, full_mask(), backend, logits_rows="all").logits
+        out_plain = plain(ids, pos, full_mask(), backend, logits_rows="all").logits
+    torch.testing.assert_close(out_fused, out_plain, atol=1e-5, rtol=1e-5)
+    # The separate weights are views of the fused ones: loading a state dict updates both.
+    state = {k: torch.zeros_like(v) if k.endswith("k_proj.weight") else v for k, v in fused.state_dict().items()}
+    fused.load_state_dict(state)
+    kv_rows = slice(fused.cfg.num_heads * fused.cfg.head_dim, None)
+    assert fused.layers[0].self_attn.qkv_weight[kv_rows][: fused.cfg.num_kv_heads * fused.cfg.head_dim].abs().sum() == 0

@@ -17,9 +17,12 @@ def _check_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 def attention_scores(q: torch.Tensor, k: torch.Tensor, mask: MaskSpec, scale: float) -> torch.Tensor:
     """Masked fp32 scores [B, Hq, Tq, Tk]; masked entries are -inf. GQA by head-major repeat."""
     _check_layout(q, k, k)
-    groups = q.shape[1] // k.shape[1]
-    k32 = k.float().repeat_interleave(groups, dim=1)  # KV head j serves query heads j*g..j*g+g-1
-    scores = torch.einsum("bhqd,bhkd->bhqk", q.float(), k32) * scale
+    b, hq, tq, d = q.shape
+    hkv = k.shape[1]
+    # KV head j serves query heads j*g..j*g+g-1: group the queries rather than repeat the keys, so
+    # no [B, Hq, Tk, D] fp32 copy is made (scoring captures these probs in every layer).
+    q32 = q.float().view(b, hkv, hq // hkv, tq, d)
+    scores = torch.einsum("bhgqd,bhkd->bhgqk", q32, k.float()).reshape(b, hq, tq, -1) * scale
     dense = materialize(mask, q.shape[0], q.shape[2], k.shape[2], q.device)
     if dense is not None:
         scores = scores.masked_fill(~dense, float("-inf"))
@@ -44,6 +47,7 @@ def reference_attention(q, k, v, mask: MaskSpec, scale: float, return_lse: bool 
     lse = torch.logsumexp(scores, dim=-1)  # [B, Hq, Tq]
     probs = torch.exp(scores - lse[..., None])
     probs = torch.nan_to_num(probs, nan=0.0)
-    groups = q.shape[1] // k.shape[1]
-    out = torch.einsum("bhqk,bhkd->bhqd", probs, v.float().repeat_interleave(groups, dim=1))
-    return out.to(q.dtype), (lse if return_lse else None)
+    b, hq, tq, tk = probs.shape
+    hkv = v.shape[1]
+    out = torch.einsum("bhgqk,bhkd->bhgqd", probs.view(b, hkv, hq // hkv, tq, tk), v.float())
+    return out.reshape(b, hq, tq, -1).to(q.dtype), (lse if return_lse else None)

@@ -8,8 +8,8 @@ The active block's queries attend to
 - a contiguous `tail` (prefix, question, finished and active answer blocks), valid up to `tail_len`.
 
 Nothing is gathered into contiguous memory. The key axis is cut into splits (a group of whole pages,
-or a piece of the tail); each program attends its queries to one split, and the partial results
-are merged by log-sum-exp (flash-decoding). Softmax is order-free, so pages and tail may come in any
+a part of one page, or a piece of the tail); each program attends its queries to one split, and the
+partial results are merged by log-sum-exp (flash-decoding). Softmax is order-free, so pages and tail may come in any
 order.
 
 Moving a page instead of its keys: with rotate-half RoPE, <R(p) q, R(s + j) k> = <R(p - s) q, R(j) k>,
@@ -101,29 +101,46 @@ def split_kv_reference(q: torch.Tensor, kv: PagedKV, scale: float) -> torch.Tens
 class SplitPlan:
     """How the key axis is cut, fixed for a whole decode (so one CUDA graph replays it).
 
-    A page split holds `pages_per_split` consecutive page slots; a tail split `tail_split` rows
-    (splits past `tail_len` contribute nothing). Splits are sized so that a split's partial output
-    (fp32, rows x D) stays small next to the KV it reads, with enough programs to fill the GPU.
+    A page split reads `pages_per_split` consecutive page slots, or, when there are few pages, one
+    `part_len`-token part of one page (`page_parts` parts a page); a tail split reads `tail_split`
+    rows (splits past `tail_len` contribute nothing). Page and tail splits run in one launch. The
+    cut trades parallelism (programs to fill the GPU) against the fp32 partial outputs every split
+    writes and the merge reads: a split never covers fewer than `min_split_keys` kept tokens.
     """
 
     pages_per_split: int
+    page_parts: int
+    part_len: int  # kept tokens per part, a multiple of block_n
     num_page_splits: int
     tail_split: int
     num_tail_splits: int
     block_m: int  # query rows per program (rows = query heads per KV head x block tokens)
+    block_n: int  # keys per tile
 
 
 def make_split_plan(kv: PagedKV, rows_per_kv_head: int, target_programs: int = 264, max_split_keys: int = 2048,
-                    tail_split: int = 512) -> SplitPlan:
+                    tail_split: int = 512, block_n: int = 64, min_split_keys: int = 256) -> SplitPlan:
     """A plan for `rows_per_kv_head` query rows (query heads per KV head x tokens) per KV head."""
-    assert tail_split >= 16 and tail_split & (tail_split - 1) == 0, "tail_split must be a power of two >= 16"
-    block_m = max(16, min(128, 1 << (rows_per_kv_head - 1).bit_length()))
+    for name, size in (("tail_split", tail_split), ("block_n", block_n)):
+        assert size >= 16 and size & (size - 1) == 0, f"{name} must be a power of two >= 16"
+    block_n = min(block_n, tail_split)
+    block_m = max(16, min(64, 1 << (rows_per_kv_head - 1).bit_length()))
     m_tiles = math.ceil(rows_per_kv_head / block_m)
     slots, kept = kv.token_ids.shape[0], kv.token_ids.shape[2]
-    per_split = math.ceil(slots * kv.num_kv_heads * m_tiles / target_programs)
+    kept_tiles = max(1, math.ceil(kept / block_n))
+    units = slots * kv.num_kv_heads * m_tiles  # programs at one page per split
+    per_split = math.ceil(units / target_programs)
     per_split = max(1, min(per_split, max_split_keys // max(kept, 1), slots))
-    return SplitPlan(per_split, math.ceil(slots / per_split), tail_split,
-                     max(1, math.ceil(kv.k_tail.shape[1] / tail_split)), block_m)
+    parts = 1
+    if per_split == 1:  # few pages: cut each page into parts of at least min_split_keys tokens
+        max_parts = max(1, kept_tiles * block_n // max(min_split_keys, block_n))
+        parts = max(1, min(max_parts, math.ceil(target_programs / units)))
+    part_tiles = math.ceil(kept_tiles / parts)
+    parts = math.ceil(kept_tiles / part_tiles)
+    cap = kv.k_tail.shape[1]
+    tail_split = min(tail_split, max(block_n, 1 << (cap - 1).bit_length()))  # no tile past the capacity
+    return SplitPlan(per_split, parts, part_tiles * block_n, math.ceil(slots / per_split) * parts, tail_split,
+                     max(1, math.ceil(cap / tail_split)), block_m, block_n)
 
 
 if triton is not None:
@@ -133,12 +150,12 @@ if triton is not None:
         Q, KP, VP, PAGE_IDS, TOKEN_IDS, ROT_COS, ROT_SIN, KT, VT, TAIL_LEN, OUT, LSE,
         stride_qh, stride_qt, stride_pn, stride_ph, stride_pc, stride_th, stride_tt,
         stride_tk, stride_tth, stride_os, stride_oh, stride_om, stride_ls, stride_lh,
-        split_offset, num_slots, kept, Tq, M, G, qk_scale,
-        PAGES_PER_SPLIT: tl.constexpr, KEPT_PAD: tl.constexpr, TAIL_SPLIT: tl.constexpr,
+        num_page_splits, num_slots, kept, Tq, M, G, qk_scale,
+        PAGES_PER_SPLIT: tl.constexpr, PAGE_PARTS: tl.constexpr, PART_LEN: tl.constexpr, TAIL_SPLIT: tl.constexpr,
         HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        IS_PAGE: tl.constexpr, HAS_ROT: tl.constexpr, PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
+        HAS_ROT: tl.constexpr, PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
     ):
-        s = tl.program_id(0)
+        s = tl.program_id(0)  # split: page splits first, then tail splits
         h = tl.program_id(1)
         offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = offs_m < M
@@ -154,9 +171,11 @@ if triton is not None:
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc1 = tl.zeros([BLOCK_M, HALF], tl.float32)
         acc2 = tl.zeros([BLOCK_M, HALF], tl.float32)
-        if IS_PAGE:
+        if s < num_page_splits:
+            first_slot = (s // PAGE_PARTS) * PAGES_PER_SPLIT
+            n_lo = (s % PAGE_PARTS) * PART_LEN  # this split's part of each page's kept tokens
             for i in range(PAGES_PER_SPLIT):
-                slot = s * PAGES_PER_SPLIT + i
+                slot = first_slot + i
                 slot_ok = slot < num_slots
                 page = tl.load(PAGE_IDS + slot, mask=slot_ok, other=0).to(tl.int64)
                 qa, qb = q1, q2
@@ -169,8 +188,8 @@ if triton is not None:
                 qb = (qb * qk_scale).to(dot_ty)
                 k_base = KP + page * stride_pn + h * stride_ph
                 v_base = VP + page * stride_pn + h * stride_ph
-                for n0 in range(0, KEPT_PAD, BLOCK_N):
-                    offs_n = n0 + tl.arange(0, BLOCK_N)
+                for n0 in range(0, PART_LEN, BLOCK_N):
+                    offs_n = n_lo + n0 + tl.arange(0, BLOCK_N)
                     tok = tl.load(TOKEN_IDS + slot * stride_tk + h * stride_tth + offs_n,
                                   mask=(offs_n < kept) & ((offs_n * 0 + slot) < num_slots), other=-1)
                     row = tl.maximum(tok, 0).to(tl.int64) * stride_pc
@@ -179,7 +198,7 @@ if triton is not None:
         else:
             qa = (q1 * qk_scale).to(dot_ty)
             qb = (q2 * qk_scale).to(dot_ty)
-            lo = s * TAIL_SPLIT
+            lo = (s - num_page_splits) * TAIL_SPLIT
             hi = tl.minimum(lo + TAIL_SPLIT, tl.load(TAIL_LEN))
             for n0 in range(0, TAIL_SPLIT, BLOCK_N):  # a fixed trip count; rows at or past `hi` are masked
                 offs_n = lo + n0 + tl.arange(0, BLOCK_N)
@@ -189,10 +208,10 @@ if triton is not None:
         empty = l_i == 0.0
         inv = tl.where(empty, 0.0, 1.0 / l_i)
         lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # log2 units
-        o_ptr = OUT + (split_offset + s) * stride_os + h * stride_oh + offs_m[:, None] * stride_om + d
+        o_ptr = OUT + s * stride_os + h * stride_oh + offs_m[:, None] * stride_om + d
         tl.store(o_ptr, acc1 * inv[:, None], mask=m_ok[:, None])
         tl.store(o_ptr + HALF, acc2 * inv[:, None], mask=m_ok[:, None])
-        tl.store(LSE + (split_offset + s) * stride_ls + h * stride_lh + offs_m, lse, mask=m_ok)
+        tl.store(LSE + s * stride_ls + h * stride_lh + offs_m, lse, mask=m_ok)
 
     @triton.jit
     def _attend_tile(qa, qb, k_base, v_base, row, n_ok, acc1, acc2, m_i, l_i, HALF: tl.constexpr,
@@ -217,8 +236,8 @@ if triton is not None:
         return acc1, acc2, m_new, l_i
 
     @triton.jit
-    def _merge_kernel(OUT, LSE, DST, S, M, Tq, G, stride_os, stride_oh, stride_om, stride_ls, stride_lh,
-                      stride_dh, stride_dt, S_BUCKET: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr):
+    def _merge_kernel(OUT, LSE, DST, M, Tq, G, stride_os, stride_oh, stride_om, stride_ls, stride_lh,
+                      stride_dh, stride_dt, S: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr):
         h = tl.program_id(0)
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = offs_m < M
@@ -226,11 +245,10 @@ if triton is not None:
         m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
         w_sum = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        for s in range(0, S_BUCKET):  # S rounded up to a power of two: few compiled variants
-            ok = m_ok & ((offs_m * 0 + s) < S)
-            lse = tl.load(LSE + s * stride_ls + h * stride_lh + offs_m, mask=ok, other=float("-inf"))
+        for s in range(0, S):  # S is fixed by the plan, so a decode compiles one variant
+            lse = tl.load(LSE + s * stride_ls + h * stride_lh + offs_m, mask=m_ok, other=float("-inf"))
             o = tl.load(OUT + s * stride_os + h * stride_oh + offs_m[:, None] * stride_om + d,
-                        mask=ok[:, None], other=0.0)
+                        mask=m_ok[:, None], other=0.0)
             m_new = tl.maximum(m_run, lse)
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m_run - m_safe)
@@ -243,9 +261,15 @@ if triton is not None:
         tl.store(dst, out.to(DST.dtype.element_ty), mask=m_ok[:, None])
 
 
-def split_kv_attention(q: torch.Tensor, kv: PagedKV, scale: float, plan: SplitPlan, block_n: int = 64,
+MERGE_BLOCK_M = 16  # rows per merge program: small, so the merge runs on many SMs
+
+
+def split_kv_attention(q: torch.Tensor, kv: PagedKV, scale: float, plan: SplitPlan,
                        out: torch.Tensor | None = None) -> torch.Tensor:
-    """Triton split-KV attention; same contract as `split_kv_reference`. No host synchronisation."""
+    """Triton split-KV attention; same contract as `split_kv_reference`. No host synchronisation.
+
+    Two launches: every split (pages and tail) in one, then the log-sum-exp merge.
+    """
     if triton is None:
         raise RuntimeError("split-KV attention needs the triton package")
     hq, tq, d = q.shape
@@ -260,27 +284,22 @@ def split_kv_attention(q: torch.Tensor, kv: PagedKV, scale: float, plan: SplitPl
     has_rot = kv.rot_cos is not None
     rot_cos = kv.rot_cos if has_rot else lse  # any tensor; never read without HAS_ROT
     rot_sin = kv.rot_sin if has_rot else lse
-    block_m = plan.block_m
-    m_tiles = triton.cdiv(m, block_m)
     slots, kept = kv.token_ids.shape[0], kv.token_ids.shape[2]
-    block_n = min(block_n, plan.tail_split)
-    args = (q, kv.k_pages, kv.v_pages, kv.page_ids, kv.token_ids, rot_cos, rot_sin, kv.k_tail, kv.v_tail,
-            kv.tail_len, work, lse, q.stride(0), q.stride(1), kv.k_pages.stride(0), kv.k_pages.stride(1),
-            kv.k_pages.stride(2), kv.k_tail.stride(0), kv.k_tail.stride(1), kv.token_ids.stride(0),
-            kv.token_ids.stride(1), work.stride(0), work.stride(1), work.stride(2), lse.stride(0), lse.stride(1))
-    meta = dict(PAGES_PER_SPLIT=plan.pages_per_split, KEPT_PAD=triton.cdiv(kept, block_n) * block_n,
-                TAIL_SPLIT=plan.tail_split, HALF=d // 2, BLOCK_M=block_m, BLOCK_N=block_n, HAS_ROT=has_rot,
-                PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                DOT_FP32=q.dtype == torch.float32 or _interpreting(), num_warps=8 if block_m >= 128 else 4)
-    scalars = (slots, kept, tq, m, g, scale * math.log2(math.e))
-    _split_kv_kernel[(sp, hkv, m_tiles)](*args, 0, *scalars, IS_PAGE=True, **meta)
-    _split_kv_kernel[(st, hkv, m_tiles)](*args, sp, *scalars, IS_PAGE=False, **meta)
+    _split_kv_kernel[(sp + st, hkv, triton.cdiv(m, plan.block_m))](
+        q, kv.k_pages, kv.v_pages, kv.page_ids, kv.token_ids, rot_cos, rot_sin, kv.k_tail, kv.v_tail,
+        kv.tail_len, work, lse, q.stride(0), q.stride(1), kv.k_pages.stride(0), kv.k_pages.stride(1),
+        kv.k_pages.stride(2), kv.k_tail.stride(0), kv.k_tail.stride(1), kv.token_ids.stride(0),
+        kv.token_ids.stride(1), work.stride(0), work.stride(1), work.stride(2), lse.stride(0), lse.stride(1),
+        sp, slots, kept, tq, m, g, scale * math.log2(math.e),
+        PAGES_PER_SPLIT=plan.pages_per_split, PAGE_PARTS=plan.page_parts, PART_LEN=plan.part_len,
+        TAIL_SPLIT=plan.tail_split, HALF=d // 2, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, HAS_ROT=has_rot,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_FP32=q.dtype == torch.float32 or _interpreting(), num_warps=4)
     if out is None:
         out = torch.empty_like(q)
-    _merge_kernel[(hkv, m_tiles)](work, lse, out, sp + st, m, tq, g, work.stride(0), work.stride(1),
-                                  work.stride(2), lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
-                                  S_BUCKET=triton.next_power_of_2(sp + st), D=d, BLOCK_M=block_m,
-                                  num_warps=8 if block_m >= 128 else 4)
+    _merge_kernel[(hkv, triton.cdiv(m, MERGE_BLOCK_M))](
+        work, lse, out, m, tq, g, work.stride(0), work.stride(1), work.stride(2), lse.stride(0),
+        lse.stride(1), out.stride(0), out.stride(1), S=sp + st, D=d, BLOCK_M=MERGE_BLOCK_M, num_warps=4)
     return out
 
 

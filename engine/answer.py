@@ -26,7 +26,7 @@ from engine.compiled_layers import layer_functions_for
 from engine.decode import DecodeStep, DenseRunner, FastDLLMRunner, run_blocks
 from engine.kv_cache import POSITION_MODES, DocumentKV, chunk_deltas, gather_kept_tokens
 from engine.model import DiffusionLM, LayerFunctions
-from engine.paged_decode import PagedStaticRunner, build_paged_context
+from engine.paged_decode import PagedDecodeCache, PagedStaticRunner, build_paged_context
 from engine.prompting import DEFAULT_INSTRUCTION, QuestionPrompt, build_question_prompt
 from engine.sampling import SamplingParams
 from engine.scoring import auto_top_k, select_kept_tokens, select_top_chunks
@@ -136,7 +136,8 @@ def _score_all(model, attention, documents, rows, params: ScoringParams, layer_f
 
 
 def _scoring_layers(model: DiffusionLM, params: AnswerParams) -> LayerFunctions | None:
-    """Layer halves for forwards of varying shapes (scoring, the baselines): compiled dynamic."""
+    """Layer halves for forwards of varying shapes (scoring, context passes, contiguous decoding and
+    the baselines): compiled with dynamic shapes on CUDA."""
     return layer_functions_for(model.embed_tokens.weight.device, params.compile_layers, dynamic=True)
 
 
@@ -190,11 +191,13 @@ def _dense_prompt(prompt: QuestionPrompt, documents: Sequence[DocumentKV], bos_i
 @torch.inference_mode()
 def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
                   documents: Sequence[DocumentKV], question: str | QuestionPrompt,
-                  params: AnswerParams = AnswerParams()) -> Iterator[DecodeStep | AnswerResult]:
+                  params: AnswerParams = AnswerParams(),
+                  paged_cache: PagedDecodeCache | None = None) -> Iterator[DecodeStep | AnswerResult]:
     """Yields a DecodeStep per denoising step, then the AnswerResult.
 
     `question` is text, or an already tokenized QuestionPrompt (benchmarks with random models use
-    that and pass no tokenizer; the result's text is then empty).
+    that and pass no tokenizer; the result's text is then empty). `paged_cache` (one per engine)
+    lets the paged route reuse the previous question's buffers and CUDA graph.
     """
     cfg = model.cfg
     device = model.embed_tokens.weight.device
@@ -237,9 +240,13 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
         else:
             runner = FastDLLMRunner(model, attention, ids, params.sampling.block_length, _scoring_layers(model, params))
     else:
-        runner = _method_runner(model, attention, documents, prompt, rows, refs, chosen, params, trace)
+        runner = _method_runner(model, attention, documents, prompt, rows, refs, chosen, params, trace, paged_cache)
     t = clock.lap("kv_build", t)
-    outcome = yield from run_blocks(runner, cfg, params.sampling, generator, device)
+    try:
+        outcome = yield from run_blocks(runner, cfg, params.sampling, generator, device)
+    finally:  # also when the caller stops listening mid-answer
+        if paged_cache is not None:
+            paged_cache.release_pages()
     clock.lap("decode", t)
     trace.steps, trace.forward_passes = outcome.steps, outcome.forward_passes
     text = tokenizer.decode(outcome.answer_ids, skip_special_tokens=True).strip() if tokenizer is not None else ""
@@ -260,7 +267,7 @@ def _use_paged(model: DiffusionLM, documents: Sequence[DocumentKV], params: Answ
 
 
 def _method_runner(model, attention, documents, prompt, rows, refs, chosen, params: AnswerParams,
-                   trace: AnswerTrace) -> StaticRunner | PagedStaticRunner:
+                   trace: AnswerTrace, paged_cache: PagedDecodeCache | None) -> StaticRunner | PagedStaticRunner:
     """Static or joint context over the selected chunks, with optional re-selection per block."""
     total = sum(d.num_chunks for d in documents)
     prefix_len = len(prompt.prefix_ids)
@@ -270,11 +277,12 @@ def _method_runner(model, attention, documents, prompt, rows, refs, chosen, para
             raise ValueError("no chunk to answer from: the documents are empty")
         chunks, counts, query_start = _gather_selected(model, attention, documents, sel_refs, rows, params,
                                                        sel_ordinals, total, prefix_len)
+        layer_fns = _scoring_layers(model, params)
         if params.kv_mode == "joint" and extra_ids is None:
             ctx = build_joint_context(model, attention, prompt, chunks, query_start,
-                                      params.sampling.gen_length, params.sampling.block_length)
+                                      params.sampling.gen_length, params.sampling.block_length, layer_fns)
         else:
-            ctx = build_static_context(model, attention, prompt, chunks, query_start, extra_ids)
+            ctx = build_static_context(model, attention, prompt, chunks, query_start, extra_ids, layer_fns)
         return ctx, counts, chunks
 
     ctx, trace.kept_tokens, chunks = context_for(refs, chosen.tolist())
@@ -284,11 +292,13 @@ def _method_runner(model, attention, documents, prompt, rows, refs, chosen, para
         device = model.embed_tokens.weight.device
         paged = build_paged_context(model, ctx, documents[0], [r.chunk for r in refs], chunks, prefix_len,
                                     params.sampling.gen_length, params.sampling.block_length,
-                                    use_kernel=kernel_usable(device, model.cfg.head_dim))
+                                    use_kernel=kernel_usable(device, model.cfg.head_dim),
+                                    reuse=paged_cache.context if paged_cache is not None else None)
         trace.static_layout = "paged"
         return PagedStaticRunner(model, attention, paged, params.sampling.block_length,
                                  use_graph=device.type == "cuda",
-                                 layer_fns=layer_functions_for(device, params.compile_layers, dynamic=False))
+                                 layer_fns=layer_functions_for(device, params.compile_layers, dynamic=False),
+                                 cache=paged_cache)
 
     def reselect(block: int, answer: torch.Tensor) -> FixedContext | None:
         if params.reselect_every <= 0 or (block + 1) % params.reselect_every:
@@ -308,4 +318,5 @@ def _method_runner(model, attention, documents, prompt, rows, refs, chosen, para
         return dataclasses.replace(new_ctx, answer_start=answer_start)
 
     return StaticRunner(model, attention, ctx, params.sampling.block_length,
-                        on_block_done=reselect if params.reselect_every > 0 else None)
+                        on_block_done=reselect if params.reselect_every > 0 else None,
+                        layer_fns=_scoring_layers(model, params))

@@ -17,6 +17,7 @@ from engine.config import ModelConfig
 from engine.decode import DecodeStep, dense_decode
 from engine.kv_cache import DocumentKV
 from engine.model import DiffusionLM
+from engine.paged_decode import PagedDecodeCache
 from engine.prefill import ProgressFn, prefill_document
 from engine.sampling import SamplingParams
 from engine.tokenizer import encode_prompt, load_tokenizer
@@ -60,6 +61,7 @@ class Engine:
         # Prefill with compiled layer halves on CUDA (engine.compiled_layers); questions decide
         # for themselves through AnswerParams.compile_layers.
         self.compile_layers = compile_layers
+        self.paged_cache = PagedDecodeCache()  # the last question's decode buffers and CUDA graph
 
     @property
     def config(self) -> ModelConfig:
@@ -153,7 +155,7 @@ class Engine:
         """Yields a DecodeStep per denoising step, then the AnswerResult with its trace."""
         docs = [documents] if isinstance(documents, DocumentKV) else list(documents)
         yield from stream_answer(self.model, self.attention, self.tokenizer, docs, question,
-                                 params or AnswerParams())
+                                 params or AnswerParams(), self.paged_cache)
 
     def answer(self, documents: DocumentKV | list[DocumentKV], question: str,
                params: AnswerParams | None = None) -> AnswerResult:

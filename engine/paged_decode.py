@@ -15,7 +15,7 @@ elementwise work.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -52,6 +52,9 @@ class PagedLayerCache:
         return split_kv_reference(q[0], self.kv, scale)[None]
 
 
+TAIL_ROUND = 128  # tail capacity is rounded up to this, so questions of similar length share a layout
+
+
 @dataclass
 class PagedContext:
     layers: list[PagedLayerCache]
@@ -60,15 +63,18 @@ class PagedContext:
     answer_row: int  # tail row of answer slot 0
     answer_start: int  # position of answer slot 0
     anchor_logits: torch.Tensor | None  # [V] the row before the answer (shifted models)
+    layout: tuple  # what must match for another question to reuse these buffers (and a captured graph)
 
 
 def build_paged_context(model: DiffusionLM, ctx: FixedContext, document: DocumentKV, chunk_ids: list[int],
                         chunks: SelectedChunks, prefix_len: int, gen_length: int, block_length: int,
-                        use_kernel: bool) -> PagedContext:
+                        use_kernel: bool, reuse: PagedContext | None = None) -> PagedContext:
     """Turns a static FixedContext (prefix | placed chunks | question, contiguous) into pages + tail.
 
     The placed chunk section of `ctx` is dropped: the pages are read from `document` (on the
-    model's device) and moved to `chunks.starts` by the kernel's per-page query rotation.
+    model's device) and moved to `chunks.starts` by the kernel's per-page query rotation. With
+    `reuse` of the same layout (same document, K, kept tokens, tail capacity, block), its buffers
+    are refilled in place and returned, so a graph captured over them replays for this question.
     """
     cfg, device = model.cfg, model.embed_tokens.weight.device
     k, c = chunks.tokens.shape
@@ -78,31 +84,53 @@ def build_paged_context(model: DiffusionLM, ctx: FixedContext, document: Documen
     cos, sin = cos.to(device), sin.to(device)  # [K, D/2], the same for every layer
     page_ids = torch.tensor(chunk_ids, dtype=torch.int32, device=device)
     tail_rows = ctx.kv[0][0].shape[2] - k * chunk_len
-    cap = tail_rows + gen_length
-    slots = torch.zeros(block_length, dtype=torch.long, device=device)
-    tail_len = torch.tensor([tail_rows], dtype=torch.int32, device=device)
+    cap = -(-(tail_rows + gen_length) // TAIL_ROUND) * TAIL_ROUND
     if chunks.kept is None:  # every valid token of every page, the same for every layer and head
         valid = torch.arange(c)[None, :] < chunks.lengths[:, None]  # [K, C]
         all_tokens = torch.where(valid, torch.arange(c), -1)[:, None].expand(k, cfg.num_kv_heads, c)
         all_tokens = all_tokens.to(torch.int32).contiguous().to(device)
+
+    def token_ids(layer: int) -> torch.Tensor:  # [K, Hkv, B] int32
+        if chunks.kept is None:
+            return all_tokens
+        return torch.where(chunks.valid[:, None, :], chunks.kept[:, layer], -1).to(torch.int32).to(device)
+
+    def fill_tail(tail: torch.Tensor, src: torch.Tensor) -> None:  # [Hkv, cap, D] <- [1, Hkv, T, D]
+        tail[:, :prefix_len] = src[0, :, :prefix_len]
+        tail[:, prefix_len:tail_rows] = src[0, :, question]
+
+    layout = (document.keys.data_ptr(), tuple(document.keys.shape), k, chunk_len, chunks.kept is None, cap,
+              block_length, use_kernel)
+    if reuse is not None and reuse.layout == layout:
+        shared = reuse.layers[0].kv
+        shared.page_ids.copy_(page_ids)
+        shared.rot_cos.copy_(cos)
+        shared.rot_sin.copy_(sin)
+        for layer, (cache, (kk, vv)) in enumerate(zip(reuse.layers, ctx.kv, strict=True)):
+            # The same addresses (the layout checks it), so a graph captured over the old views
+            # reads these pages; the views are set for the eager paths.
+            cache.kv = replace(cache.kv, k_pages=document.keys[layer], v_pages=document.values[layer])
+            if layer == 0 or chunks.kept is not None:
+                cache.kv.token_ids.copy_(token_ids(layer))
+            fill_tail(cache.kv.k_tail, kk)
+            fill_tail(cache.kv.v_tail, vv)
+        reuse.answer_row, reuse.answer_start, reuse.anchor_logits = tail_rows, ctx.answer_start, ctx.anchor_logits
+        return reuse
+    slots = torch.zeros(block_length, dtype=torch.long, device=device)
+    tail_len = torch.tensor([tail_rows], dtype=torch.int32, device=device)
     plan = None
     layers = []
     for layer, (kk, vv) in enumerate(ctx.kv):
-        if chunks.kept is None:
-            token_ids = all_tokens
-        else:  # per layer and KV head [K, Hkv, B]
-            token_ids = torch.where(chunks.valid[:, None, :], chunks.kept[:, layer], -1).to(torch.int32).to(device)
         k_tail = kk.new_zeros(cfg.num_kv_heads, cap, cfg.head_dim)
         v_tail = torch.zeros_like(k_tail)
-        for dst, src in ((k_tail, kk), (v_tail, vv)):
-            dst[:, :prefix_len] = src[0, :, :prefix_len]
-            dst[:, prefix_len:tail_rows] = src[0, :, question]
-        paged = PagedKV(document.keys[layer].to(device), document.values[layer].to(device), page_ids, token_ids,
-                        cos, sin, k_tail, v_tail, tail_len)
+        fill_tail(k_tail, kk)
+        fill_tail(v_tail, vv)
+        paged = PagedKV(document.keys[layer].to(device), document.values[layer].to(device), page_ids,
+                        token_ids(layer), cos, sin, k_tail, v_tail, tail_len)
         if plan is None:  # shapes are the same in every layer
             plan = make_split_plan(paged, cfg.num_heads // cfg.num_kv_heads * block_length)
         layers.append(PagedLayerCache(paged, plan, slots, use_kernel))
-    return PagedContext(layers, slots, tail_len, tail_rows, ctx.answer_start, ctx.anchor_logits)
+    return PagedContext(layers, slots, tail_len, tail_rows, ctx.answer_start, ctx.anchor_logits, layout)
 
 
 class _BlockForward:
@@ -153,17 +181,46 @@ class _BlockForward:
         self.graph = graph
 
 
+class PagedDecodeCache:
+    """The last question's paged context and block forward (with its captured CUDA graph), kept by
+    the caller (one per engine) for the next question. A question with the same layout (same
+    document, K, kept tokens, tail capacity and block) refills the buffers and replays the graph:
+    no allocation and no capture, which otherwise costs several decode steps per question."""
+
+    def __init__(self) -> None:
+        self.context: PagedContext | None = None
+        self.step: _BlockForward | None = None
+
+    def release_pages(self) -> None:
+        """Drops the kept context's references to the document's KV once an answer is done, so
+        the cache never keeps a document alive (the KV pool decides that). A later question with
+        the same layout sets the pages again."""
+        if self.context is None:
+            return
+        for cache in self.context.layers:
+            empty = cache.kv.k_pages.new_empty((0, *cache.kv.k_pages.shape[1:]))
+            cache.kv = replace(cache.kv, k_pages=empty, v_pages=empty)
+
+
 class PagedStaticRunner:
     """A StepRunner (see engine.decode) over a PagedContext."""
 
     def __init__(self, model: DiffusionLM, attention: AttentionBackend, ctx: PagedContext, block_length: int,
-                 use_graph: bool, layer_fns: LayerFunctions | None = None) -> None:
+                 use_graph: bool, layer_fns: LayerFunctions | None = None,
+                 cache: PagedDecodeCache | None = None) -> None:
         self.model, self.ctx, self.block_length = model, ctx, block_length
         device = ctx.slots.device
         shifted = model.cfg.logits_shifted
         # Rows whose logits predict block slots 0..T-1 (slot 0 of a shifted model: the anchor).
         step_rows = (prediction_rows(torch.arange(1, block_length + 1), shifted) - 1).clamp_min(0).to(device)
-        self._step = _BlockForward(model, attention, ctx, block_length, step_rows, use_graph, layer_fns)
+        cached = cache.step if cache is not None else None
+        if (cached is not None and cached.ctx is ctx and cached.model is model and cached.use_graph == use_graph
+                and cached.layer_fns is layer_fns):
+            self._step = cached  # the same buffers: its graph (if captured) replays for this question
+        else:
+            self._step = _BlockForward(model, attention, ctx, block_length, step_rows, use_graph, layer_fns)
+        if cache is not None:
+            cache.context, cache.step = ctx, self._step
         # The refresh of a finished block needs only its last row (the next block's anchor).
         last = torch.tensor([block_length - 1], device=device)
         self._refresh = _BlockForward(model, attention, ctx, block_length, last, use_graph=False,

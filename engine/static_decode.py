@@ -19,7 +19,7 @@ import torch
 from engine.attention import AttentionBackend, full_mask
 from engine.decode import block_logits
 from engine.kv_cache import flatten_chunks, gather_kept_tokens, place_chunks
-from engine.model import AttentionCapture, DiffusionLM, LayerKV
+from engine.model import AttentionCapture, DiffusionLM, LayerFunctions, LayerKV
 from engine.prompting import QuestionPrompt
 from engine.sampling import prediction_rows
 
@@ -70,15 +70,16 @@ def _cat_kv(a: list[LayerKV], b: list[LayerKV]) -> list[LayerKV]:
 @torch.inference_mode()
 def build_static_context(model: DiffusionLM, attention: AttentionBackend, prompt: QuestionPrompt,
                          chunks: SelectedChunks, query_start: int,
-                         extra_ids: list[int] | None = None) -> FixedContext:
+                         extra_ids: list[int] | None = None, layer_fns: LayerFunctions | None = None) -> FixedContext:
     """Prefix KV (alone), the placed chunk KV (re-rotated, no re-encode), then the query's KV once.
 
-    `extra_ids` are appended to the query (used when re-selecting with a partial answer).
+    `extra_ids` are appended to the query (used when re-selecting with a partial answer);
+    `layer_fns`: the layers' halves around attention (default eager).
     """
     cfg, device = model.cfg, _device(model)
     p = len(prompt.prefix_ids)
     prefix = model(torch.tensor(prompt.prefix_ids, device=device)[None],
-                   torch.arange(p, device=device)[None], full_mask(), attention)
+                   torch.arange(p, device=device)[None], full_mask(), attention, layer_fns=layer_fns)
     placed_k = flatten_chunks(place_chunks(chunks.keys.to(device), chunks.starts, cfg.rope_theta,
                                            cfg.rope_scaling_factor))
     placed_v = flatten_chunks(chunks.values.to(device))
@@ -92,7 +93,8 @@ def build_static_context(model: DiffusionLM, attention: AttentionBackend, prompt
                   (query_start + torch.arange(nq, device=device))[None], full_mask(key_valid=key_valid),
                   attention, past=past,
                   logits_rows=torch.tensor([nq - 1], device=device) if cfg.logits_shifted else None,
-                  capture=AttentionCapture(tuple(range(cfg.num_layers)), torch.arange(nq, device=device)))
+                  capture=AttentionCapture(tuple(range(cfg.num_layers)), torch.arange(nq, device=device)),
+                  layer_fns=layer_fns)
     return FixedContext(
         kv=_cat_kv(past, query.kv), key_valid=key_valid, answer_start=query_start + nq,
         anchor_logits=query.logits[0, 0] if cfg.logits_shifted else None,
@@ -102,7 +104,7 @@ def build_static_context(model: DiffusionLM, attention: AttentionBackend, prompt
 @torch.inference_mode()
 def build_joint_context(model: DiffusionLM, attention: AttentionBackend, prompt: QuestionPrompt,
                         chunks: SelectedChunks, query_start: int, gen_length: int,
-                        block_length: int) -> FixedContext:
+                        block_length: int, layer_fns: LayerFunctions | None = None) -> FixedContext:
     """Re-encodes [prefix | chunks | query | answer masks] together once (full attention).
 
     The prompt part's KV becomes the fixed context (token selection, if any, applied per head
@@ -125,7 +127,7 @@ def build_joint_context(model: DiffusionLM, attention: AttentionBackend, prompt:
     q_rows = torch.arange(p + k * c, fixed_len)
     out = model(ids.to(device)[None], positions.to(device)[None], full_mask(key_valid=valid.to(device)[None]),
                 attention, logits_rows=rows.to(device),
-                capture=AttentionCapture(tuple(range(cfg.num_layers)), q_rows.to(device)))
+                capture=AttentionCapture(tuple(range(cfg.num_layers)), q_rows.to(device)), layer_fns=layer_fns)
     kv = [(kk[:, :, :fixed_len], vv[:, :, :fixed_len]) for kk, vv in out.kv]
     valid = valid[:fixed_len]
     if chunks.kept is not None:
@@ -161,8 +163,9 @@ class StaticRunner:
 
     def __init__(self, model: DiffusionLM, attention: AttentionBackend, ctx: FixedContext,
                  block_length: int,
-                 on_block_done: Callable[[int, torch.Tensor], FixedContext | None] | None = None) -> None:
-        self.model, self.attention, self.ctx = model, attention, ctx
+                 on_block_done: Callable[[int, torch.Tensor], FixedContext | None] | None = None,
+                 layer_fns: LayerFunctions | None = None) -> None:
+        self.model, self.attention, self.ctx, self.layer_fns = model, attention, ctx, layer_fns
         self.block_length = block_length
         self.on_block_done = on_block_done
         self.forward_passes = ctx.forward_passes
@@ -187,7 +190,7 @@ class StaticRunner:
         ids, positions, mask = self._block_inputs(block, answer)
         self.forward_passes += 1
         return block_logits(self.model, self.attention, ids, positions, mask, self.ctx.kv, slots - lo,
-                            self.ctx.anchor_logits)
+                            self.ctx.anchor_logits, self.layer_fns)
 
     def block_done(self, block: int, answer: torch.Tensor) -> None:
         if self.on_block_done is not None:
@@ -199,7 +202,8 @@ class StaticRunner:
         ids, positions, mask = self._block_inputs(block, answer)
         shifted = self.model.cfg.logits_shifted
         out = self.model(ids, positions, mask, self.attention, past=self.ctx.kv,
-                         logits_rows=torch.tensor([self.block_length - 1], device=ids.device) if shifted else None)
+                         logits_rows=torch.tensor([self.block_length - 1], device=ids.device) if shifted else None,
+                         layer_fns=self.layer_fns)
         self.forward_passes += 1
         self.ctx = FixedContext(
             kv=_cat_kv(self.ctx.kv, out.kv),

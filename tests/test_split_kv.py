@@ -23,6 +23,7 @@ from engine.attention.split_kv import (
     triton,
 )
 from engine.kv_cache import place_chunks
+from engine.paged_decode import PagedDecodeCache
 from engine.prefill import prefill_document
 from engine.prompting import QuestionPrompt
 from engine.rope import shift_cos_sin
@@ -108,11 +109,11 @@ def _tiny(family: str, dtype, device):
     return random_model(cfg, device, dtype)
 
 
-def _answer(model, attention, doc, prompt, **params):
+def _answer(model, attention, doc, prompt, cache=None, **params):
     sampling = SamplingParams(decoder="low_confidence", gen_length=16, block_length=8, steps=16, stop_at_eos=False)
     p = AnswerParams(top_k=3, scoring=ScoringParams(scorer="self_information"), sampling=sampling, **params)
     steps, result = [], None
-    for event in stream_answer(model, attention, None, [doc], prompt, p):
+    for event in stream_answer(model, attention, None, [doc], prompt, p, cache):
         if isinstance(event, AnswerResult):
             result = event
         else:
@@ -142,6 +143,33 @@ def test_paged_runner_decodes_like_contiguous_runner(family, token_budget, posit
     assert [(s.positions, s.tokens) for s in p_steps] == [(s.positions, s.tokens) for s in c_steps]
     assert paged.trace.forward_passes == contiguous.trace.forward_passes
     assert kernel_usable("cpu", 32) == (triton is not None)
+
+
+@pytest.mark.parametrize("family", ["llada-8b", "dream-7b"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_second_question_reuses_the_paged_buffers(family, device):
+    """A PagedDecodeCache hands the first question's buffers (and, on CUDA, its captured graph) to
+    the next question of the same layout; that question decodes exactly as without the cache, and
+    no document's KV is kept alive by the cache between questions."""
+    torch.manual_seed(0)
+    model = _tiny(family, torch.float32, device)
+    attention = select_backend(device, torch.float32)
+    g = torch.Generator().manual_seed(1)
+    doc = prefill_document(model, attention, torch.randint(8, 512, (700,), generator=g).to(device), 37)
+    first = QuestionPrompt(prefix_ids=[0, 9, 10], query_ids=list(range(20, 45)), question_span=(2, 20))
+    second = QuestionPrompt(prefix_ids=[0, 9, 10], query_ids=list(range(100, 127)), question_span=(2, 22))
+    cache = PagedDecodeCache()
+    for budget in (0, 9):
+        _answer(model, attention, doc, first, cache, static_layout="paged", token_budget=budget)
+        context = cache.context
+        assert context is not None and context.layers[0].kv.k_pages.numel() == 0  # released
+        reused, r_steps = _answer(model, attention, doc, second, cache, static_layout="paged", token_budget=budget)
+        assert cache.context is context  # same layout (the tail rounds up to 128 rows): buffers reused
+        fresh, f_steps = _answer(model, attention, doc, second, static_layout="contiguous", token_budget=budget)
+        assert [(s.positions, s.tokens) for s in r_steps] == [(s.positions, s.tokens) for s in f_steps]
+    other = prefill_document(model, attention, torch.randint(8, 512, (400,), generator=g).to(device), 37)
+    _answer(model, attention, other, second, cache, static_layout="paged")
+    assert cache.context is not context  # another document: new buffers
 
 
 @pytest.mark.gpu

@@ -45,13 +45,32 @@ class _EagerOnFailure:
         return self.eager(*args)
 
 
+# Separate functions per variant: dynamo keeps its compiled code (and its recompile limit) per code
+# object, so the decode step's fixed-shape graphs and the dynamic ones do not evict each other.
+def _inputs_fixed(block: Block, h, cos, sin):
+    return block.attention_inputs(h, cos, sin)
+
+
+def _finish_fixed(block: Block, h, attn):
+    return block.finish(h, attn)
+
+
+def _inputs_dynamic(block: Block, h, cos, sin):
+    return block.attention_inputs(h, cos, sin)
+
+
+def _finish_dynamic(block: Block, h, attn):
+    return block.finish(h, attn)
+
+
 @functools.cache
 def compiled_layer_functions(dynamic: bool = False) -> LayerFunctions:
     """The compiled halves, created once per process and variant (compiled code is cached per
     wrapper: a new wrapper per question would recompile)."""
-    return LayerFunctions(*(
-        _EagerOnFailure(torch.compile(fn, dynamic=dynamic, fullgraph=True), fn)
-        for fn in (Block.attention_inputs, Block.finish)))
+    inputs, finish = (_inputs_dynamic, _finish_dynamic) if dynamic else (_inputs_fixed, _finish_fixed)
+    return LayerFunctions(
+        _EagerOnFailure(torch.compile(inputs, dynamic=dynamic, fullgraph=True), Block.attention_inputs),
+        _EagerOnFailure(torch.compile(finish, dynamic=dynamic, fullgraph=True), Block.finish))
 
 
 def layer_functions_for(device: torch.device, enabled: bool, dynamic: bool) -> LayerFunctions | None:

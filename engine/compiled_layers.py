@@ -38,6 +38,8 @@ class _EagerOnFailure:
         if not self.failed:
             try:
                 return self.compiled(*args)
+            except torch.OutOfMemoryError:
+                raise  # the eager halves need the memory too: not a compiler failure
             except Exception as e:  # torch.compile raises backend-specific types; eager is slower, not wrong
                 logger.warning("compiling the layers failed (%s: %s); running them eagerly",
                                type(e).__name__, str(e).splitlines()[0] if str(e) else "")

@@ -174,6 +174,7 @@ class FastDLLMRunner:
         self._first_logits: torch.Tensor | None = None  # [G, V] aligned to answer slots
         self._anchor: torch.Tensor | None = None  # [V] row before the block (shifted models)
         self._past = None
+        self._key_valid: torch.Tensor | None = None  # [1, n + block] over [cached sequence | fresh block]
 
     def block_start(self, block: int, answer: torch.Tensor) -> None:
         cfg, p = self.model.cfg, self.prompt.numel()
@@ -185,10 +186,14 @@ class FastDLLMRunner:
         self.forward_passes += 1
         self._first_logits = out.logits[0]
         self._anchor = out.logits[0, 0]
-        # Keys are position-stamped (post-RoPE), so [prefix | suffix] plus the fresh block equals
-        # overwriting the block's slots in place.
-        self._past = [(torch.cat((k[:, :, :lo], k[:, :, hi:]), 2), torch.cat((v[:, :, :lo], v[:, :, hi:]), 2))
-                      for k, v in out.kv]
+        # Keys are position-stamped (post-RoPE), so attending to the cached [prefix | block | suffix]
+        # with the block's stale slots masked, plus the fresh block, equals overwriting the block's
+        # slots in place. Masking instead of cutting the block out keeps no second copy of the
+        # whole sequence's KV (64 GiB for LLaDA-8B at 128K tokens).
+        self._past = out.kv
+        n = seq.shape[1]
+        stale = (torch.arange(n, device=seq.device) >= lo) & (torch.arange(n, device=seq.device) < hi)
+        self._key_valid = torch.cat((~stale, torch.ones(hi - lo, dtype=torch.bool, device=seq.device)))[None]
         self._block_pos = positions[:, lo:hi]
 
     def block_done(self, block: int, answer: torch.Tensor) -> None:
@@ -202,7 +207,7 @@ class FastDLLMRunner:
         self.forward_passes += 1
         anchor = self._anchor if self.model.cfg.logits_shifted else None
         return block_logits(self.model, self.attention, answer[None, lo:lo + self.block_length], self._block_pos,
-                            full_mask(), self._past, slots - lo, anchor, self.layer_fns)
+                            full_mask(key_valid=self._key_valid), self._past, slots - lo, anchor, self.layer_fns)
 
 
 def dense_decode(model: DiffusionLM, attention: AttentionBackend, prompt_ids: torch.Tensor,

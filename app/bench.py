@@ -165,12 +165,19 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
                 elif mode == "fastdllm" and answer > 32 and context * answer > 32768 * 64:
                     max_steps = 32  # one whole block (its full forward and its steps), then x blocks
                 cache = PagedDecodeCache()  # the method keeps its decode buffers and graph across questions
-                total, step_s, steps, phases, extrapolated, layout = _answer(model, attention, doc, prompt, params,
-                                                                             max_steps, cache)
-                first = total
-                if mode in ("static", "joint"):  # the steady state: a second, different question
-                    total, step_s, steps, phases, extrapolated, layout = _answer(model, attention, doc, second, params,
-                                                                                 max_steps, cache)
+                try:
+                    total, step_s, steps, phases, extrapolated, layout = _answer(model, attention, doc, prompt,
+                                                                                 params, max_steps, cache)
+                    first = total
+                    if mode in ("static", "joint"):  # the steady state: a second, different question
+                        total, step_s, steps, phases, extrapolated, layout = _answer(model, attention, doc, second,
+                                                                                     params, max_steps, cache)
+                except torch.OutOfMemoryError:  # a mode that does not fit is reported, the others still run
+                    progress(f"{shape} {mode:>8} ctx {context:>7} ans {answer:>4}: out of memory (no row)")
+                    del cache
+                    if dev.type == "cuda":
+                        torch.cuda.empty_cache()
+                    continue
                 peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else 0.0
                 own_prefill = prefill_s if mode in ("static", "joint") else 0.0
                 row = BenchRow(shape, mode, context, answer, own_prefill, own_prefill + first, total, 1000 * step_s,

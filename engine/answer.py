@@ -61,8 +61,8 @@ class AnswerParams:
     # and concatenated (the reference route); "auto" = paged wherever it runs natively (CUDA with
     # Triton, one document already on the GPU, no re-selection), else contiguous.
     static_layout: str = "auto"
-    # On CUDA, run the layers' halves around attention compiled (engine.compiled_layers) in scoring
-    # and paged decoding; the first question in a process pays the compilation (seconds).
+    # On CUDA, run the layers' halves around attention compiled (engine.compiled_layers) in every
+    # forward of a question; the first question in a process pays the compilation (seconds).
     compile_layers: bool = True
 
     def __post_init__(self) -> None:
@@ -135,7 +135,7 @@ def _score_all(model, attention, documents, rows, params: ScoringParams, layer_f
     return scores, anchors
 
 
-def _scoring_layers(model: DiffusionLM, params: AnswerParams) -> LayerFunctions | None:
+def _dynamic_layers(model: DiffusionLM, params: AnswerParams) -> LayerFunctions | None:
     """Layer halves for forwards of varying shapes (scoring, context passes, contiguous decoding and
     the baselines): compiled with dynamic shapes on CUDA."""
     return layer_functions_for(model.embed_tokens.weight.device, params.compile_layers, dynamic=True)
@@ -162,7 +162,7 @@ def _gather_selected(model, attention, documents, refs: list[ChunkRef], rows, pa
     if params.token_budget > 0 and params.token_budget < c:
         relevance = torch.cat([
             chunk_relevance(model, attention, documents[r.document], torch.tensor([r.chunk]), rows,
-                            _scoring_layers(model, params))
+                            _dynamic_layers(model, params))
             for r in refs])  # [K, L, Hkv, C]
         kept, valid = select_kept_tokens(relevance, lengths, params.token_budget, params.pool_kernel)
         if params.kv_mode == "static":
@@ -220,7 +220,7 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
     if baseline:
         scores, anchors_scoring = torch.zeros(0), torch.zeros(0, cfg.num_layers)
     else:
-        scores, anchors_scoring = _score_all(model, attention, documents, rows, sp, _scoring_layers(model, params))
+        scores, anchors_scoring = _score_all(model, attention, documents, rows, sp, _dynamic_layers(model, params))
     t = clock.lap("scoring", t)
     chosen = _select(scores, params) if candidates else torch.zeros(0, dtype=torch.long)
     refs = [candidates[i] for i in chosen.tolist()]
@@ -236,9 +236,9 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
         ids = _dense_prompt(prompt, documents, cfg.bos_token_id)
         # The baselines get the same compiled layers as the method (fair timings).
         if params.kv_mode == "dense":
-            runner = DenseRunner(model, attention, ids, _scoring_layers(model, params))
+            runner = DenseRunner(model, attention, ids, _dynamic_layers(model, params))
         else:
-            runner = FastDLLMRunner(model, attention, ids, params.sampling.block_length, _scoring_layers(model, params))
+            runner = FastDLLMRunner(model, attention, ids, params.sampling.block_length, _dynamic_layers(model, params))
     else:
         runner = _method_runner(model, attention, documents, prompt, rows, refs, chosen, params, trace, paged_cache)
     t = clock.lap("kv_build", t)
@@ -277,7 +277,7 @@ def _method_runner(model, attention, documents, prompt, rows, refs, chosen, para
             raise ValueError("no chunk to answer from: the documents are empty")
         chunks, counts, query_start = _gather_selected(model, attention, documents, sel_refs, rows, params,
                                                        sel_ordinals, total, prefix_len)
-        layer_fns = _scoring_layers(model, params)
+        layer_fns = _dynamic_layers(model, params)
         if params.kv_mode == "joint" and extra_ids is None:
             ctx = build_joint_context(model, attention, prompt, chunks, query_start,
                                       params.sampling.gen_length, params.sampling.block_length, layer_fns)
@@ -309,7 +309,7 @@ def _method_runner(model, attention, documents, prompt, rows, refs, chosen, para
             rows, ids=torch.cat((torch.tensor(prompt.query_ids), torch.tensor(done))),
             targets=torch.cat((rows.targets[:len(prompt.query_ids)], torch.ones(len(done), dtype=torch.bool))))
         new_scores, _ = _score_all(model, attention, documents, new_rows, params.scoring,
-                                   _scoring_layers(model, params))
+                                   _dynamic_layers(model, params))
         new_chosen = _select(new_scores, params)
         pool = _pool(documents)
         new_refs = [pool[i] for i in new_chosen.tolist()]
@@ -319,4 +319,4 @@ def _method_runner(model, attention, documents, prompt, rows, refs, chosen, para
 
     return StaticRunner(model, attention, ctx, params.sampling.block_length,
                         on_block_done=reselect if params.reselect_every > 0 else None,
-                        layer_fns=_scoring_layers(model, params))
+                        layer_fns=_dynamic_layers(model, params))

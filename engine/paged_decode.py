@@ -101,7 +101,10 @@ def build_paged_context(model: DiffusionLM, ctx: FixedContext, document: Documen
 
     layout = (document.keys.data_ptr(), tuple(document.keys.shape), k, chunk_len, chunks.kept is None, cap,
               block_length, use_kernel)
-    if reuse is not None and reuse.layout == layout:
+    # Only pages read in place can be reused: a document elsewhere is copied to the device anew
+    # for every question, at a new address.
+    in_place = document.keys.device == device
+    if reuse is not None and in_place and reuse.layout == layout:
         shared = reuse.layers[0].kv
         shared.page_ids.copy_(page_ids)
         shared.rot_cos.copy_(cos)

@@ -133,3 +133,17 @@ def test_fused_projections_compute_what_the_separate_ones_do(family_dir):
     fused.load_state_dict(state)
     kv_rows = slice(fused.cfg.num_heads * fused.cfg.head_dim, None)
     assert fused.layers[0].self_attn.qkv_weight[kv_rows][: fused.cfg.num_kv_heads * fused.cfg.head_dim].abs().sum() == 0
+
+
+def test_a_loaded_model_saves_again(family_dir, tmp_path):
+    """A loaded model (q/k/v and gate/up are views of fused matrices) saves and loads back unchanged."""
+    from engine.weights import save_weights
+
+    _, folder = family_dir
+    model = load_model(folder, dtype=torch.bfloat16)
+    out = tmp_path / "again"
+    shutil.copytree(folder, out, ignore=shutil.ignore_patterns("*.safetensors", INDEX_FILE))
+    save_weights(out, model.cfg, model.state_dict())
+    again = load_model(out, dtype=torch.bfloat16)
+    for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name

@@ -147,3 +147,17 @@ def test_a_loaded_model_saves_again(family_dir, tmp_path):
     again = load_model(out, dtype=torch.bfloat16)
     for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
+
+
+def test_kept_kv_of_a_fused_model_owns_its_memory(family_dir):
+    """The KV a forward returns must not keep the fused q/k/v output alive (3x the memory for MHA)."""
+    from engine.attention import full_mask, select_backend
+
+    _, folder = family_dir
+    model = load_model(folder)
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 9))
+    with torch.inference_mode():
+        out = model(ids, torch.arange(9)[None], full_mask(), select_backend("cpu", torch.float32))
+    for k, v in out.kv:
+        for t in (k, v):
+            assert t.untyped_storage().nbytes() == t.numel() * t.element_size()

@@ -1,7 +1,7 @@
 """Compiled layer halves for the GPU (regional torch.compile).
 
-A decode step at Dream-7B shape runs 32 rows through 28 layers. Eager, a step ran ~1,500 kernels (~50 a layer, profiled),
-most of them tiny elementwise ones (fp32 RMSNorm, RoPE, bias, SwiGLU, residual adds) that cost
+A decode step at Dream-7B shape runs 32 rows through 28 layers. Eager, a step ran ~1,500 kernels
+(~50 a layer, profiled), most of them tiny elementwise ones (fp32 RMSNorm, RoPE, bias, SwiGLU, residual adds) that cost
 more in launches and memory round trips than in arithmetic. Inductor fuses each half of a layer
 (`Block.attention_inputs`: norm + q/k/v + RoPE; `Block.finish`: o_proj + residual + norm + MLP +
 residual) into a few kernels around the matmuls. Attention stays outside, in the backend or the

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.attention import AttentionBackend
+from engine.attention import AttentionBackend, full_mask
 from engine.attention.split_kv import kernel_native, kernel_usable
 from engine.chunk_scorer import (
     ScoringParams,
@@ -26,7 +26,7 @@ from engine.compiled_layers import layer_functions_for
 from engine.decode import DecodeStep, DenseRunner, FastDLLMRunner, run_blocks
 from engine.kv_cache import POSITION_MODES, DocumentKV, chunk_deltas, gather_kept_tokens
 from engine.model import DiffusionLM, LayerFunctions
-from engine.paged_decode import PagedDecodeCache, PagedStaticRunner, build_paged_context
+from engine.paged_decode import PagedDecodeCache, PagedStaticRunner, build_paged_context, query_rows
 from engine.prompting import DEFAULT_INSTRUCTION, QuestionPrompt, build_question_prompt
 from engine.sampling import SamplingParams
 from engine.scoring import auto_top_k, select_kept_tokens, select_top_chunks
@@ -266,6 +266,37 @@ def _use_paged(model: DiffusionLM, documents: Sequence[DocumentKV], params: Answ
     return single and documents[0].device == device and kernel_native(device, model.cfg.head_dim)
 
 
+def _paged_runner(model, attention, document: DocumentKV, prompt: QuestionPrompt, rows, refs, chosen,
+                  params: AnswerParams, trace: AnswerTrace, total: int,
+                  cache: PagedDecodeCache | None) -> PagedStaticRunner:
+    """Static decoding over the document's pages in place: the prefix's KV (cached per prefix), the
+    question's pass over the pages, then the answer's steps (captured graphs on CUDA)."""
+    device = model.embed_tokens.weight.device
+    cache = cache if cache is not None else PagedDecodeCache()
+    prefix_len = len(prompt.prefix_ids)
+    chunks, trace.kept_tokens, query_start = _gather_selected(model, attention, [document], refs, rows, params,
+                                                              chosen.tolist(), total, prefix_len)
+    dynamic = _dynamic_layers(model, params)
+
+    def prefix_pass() -> list:
+        ids = torch.tensor(prompt.prefix_ids, device=device)[None]
+        positions = torch.arange(prefix_len, device=device)[None]
+        return model(ids, positions, full_mask(), attention, layer_fns=dynamic).kv
+
+    prefix_kv = cache.prefix_kv(model, prompt.prefix_ids, prefix_pass)
+    nq = len(prompt.query_ids)
+    paged = build_paged_context(model, document, [r.chunk for r in refs], chunks, prefix_kv, nq, query_start + nq,
+                                params.sampling.gen_length, params.sampling.block_length,
+                                use_kernel=kernel_usable(device, model.cfg.head_dim), reuse=cache.context)
+    use_graph = device.type == "cuda"
+    query = cache.query_pass(model, attention, paged, query_rows(nq), use_graph, dynamic)
+    trace.anchors_decode = query(prompt.query_ids, query_start)
+    trace.static_layout = "paged"
+    return PagedStaticRunner(model, attention, paged, params.sampling.block_length, use_graph=use_graph,
+                             layer_fns=layer_functions_for(device, params.compile_layers, dynamic=False),
+                             cache=cache)
+
+
 def _method_runner(model, attention, documents, prompt, rows, refs, chosen, params: AnswerParams,
                    trace: AnswerTrace, paged_cache: PagedDecodeCache | None) -> StaticRunner | PagedStaticRunner:
     """Static or joint context over the selected chunks, with optional re-selection per block."""
@@ -285,20 +316,12 @@ def _method_runner(model, attention, documents, prompt, rows, refs, chosen, para
             ctx = build_static_context(model, attention, prompt, chunks, query_start, extra_ids, layer_fns)
         return ctx, counts, chunks
 
+    if _use_paged(model, documents, params):
+        return _paged_runner(model, attention, documents[0], prompt, rows, refs, chosen, params, trace, total,
+                             paged_cache)
     ctx, trace.kept_tokens, chunks = context_for(refs, chosen.tolist())
     trace.anchors_decode = ctx.anchors
     answer_start = ctx.answer_start
-    if _use_paged(model, documents, params):
-        device = model.embed_tokens.weight.device
-        paged = build_paged_context(model, ctx, documents[0], [r.chunk for r in refs], chunks, prefix_len,
-                                    params.sampling.gen_length, params.sampling.block_length,
-                                    use_kernel=kernel_usable(device, model.cfg.head_dim),
-                                    reuse=paged_cache.context if paged_cache is not None else None)
-        trace.static_layout = "paged"
-        return PagedStaticRunner(model, attention, paged, params.sampling.block_length,
-                                 use_graph=device.type == "cuda",
-                                 layer_fns=layer_functions_for(device, params.compile_layers, dynamic=False),
-                                 cache=paged_cache)
 
     def reselect(block: int, answer: torch.Tensor) -> FixedContext | None:
         if params.reselect_every <= 0 or (block + 1) % params.reselect_every:

@@ -10,6 +10,12 @@ Tensor shapes never change within an answer, so one block forward is captured as
 replayed at every step (inputs copied into static buffers; no host synchronisation inside). The
 layers' halves around attention may run compiled (`engine.compiled_layers`), which fuses their
 elementwise work.
+
+The question's own pass runs over the same pages and tail (`QueryPass`): its rows, padded to a
+multiple of QUERY_ROUND, write their KV into the tail after the prefix (whose KV does not depend on
+the question and is computed once per prefix, `PagedDecodeCache.prefix_kv`) and attend to the pages
+and to each other; the BOS anchors come from the kernel's log-sum-exp. So nothing is placed or
+concatenated per question, and that pass too replays a captured graph.
 """
 
 from __future__ import annotations
@@ -23,18 +29,30 @@ from engine.attention import AttentionBackend, full_mask
 from engine.attention.split_kv import (
     PagedKV,
     SplitPlan,
+    bos_attention_mass,
     make_split_plan,
     split_kv_attention,
     split_kv_reference,
 )
 from engine.decode import slot_logits_from_rows
 from engine.kv_cache import DocumentKV
-from engine.model import DiffusionLM, LayerFunctions
+from engine.model import AttendingCache, DiffusionLM, LayerFunctions, LayerKV
 from engine.rope import shift_cos_sin
 from engine.sampling import prediction_rows
-from engine.static_decode import FixedContext, SelectedChunks
+from engine.static_decode import SelectedChunks
 
 logger = logging.getLogger(__name__)
+
+
+def _write_and_attend(kv: PagedKV, plan: SplitPlan, slots: torch.Tensor, use_kernel: bool, q: torch.Tensor,
+                      k_new: torch.Tensor, v_new: torch.Tensor, scale: float,
+                      lse_out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [1, Hq, T, D]; k_new, v_new [1, Hkv, T, D] written to the tail rows `slots` first."""
+    kv.k_tail.index_copy_(1, slots, k_new[0])
+    kv.v_tail.index_copy_(1, slots, v_new[0])
+    if use_kernel:
+        return split_kv_attention(q[0], kv, scale, plan, lse_out=lse_out)[None]
+    return split_kv_reference(q[0], kv, scale, lse_out=lse_out)[None]
 
 
 class PagedLayerCache:
@@ -44,15 +62,32 @@ class PagedLayerCache:
         self.kv, self.plan, self.slots, self.use_kernel = kv, plan, slots, use_kernel
 
     def attend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, scale: float) -> torch.Tensor:
-        """q [1, Hq, T, D]; k_new, v_new [1, Hkv, T, D] written to the tail rows `slots` first."""
-        self.kv.k_tail.index_copy_(1, self.slots, k_new[0])
-        self.kv.v_tail.index_copy_(1, self.slots, v_new[0])
-        if self.use_kernel:
-            return split_kv_attention(q[0], self.kv, scale, self.plan)[None]
-        return split_kv_reference(q[0], self.kv, scale)[None]
+        return _write_and_attend(self.kv, self.plan, self.slots, self.use_kernel, q, k_new, v_new, scale)
+
+
+class _QueryPassLayer:
+    """A layer's context for the question's pass: the same pages and tail as `base` (read at call
+    time, so a refilled context is seen), its own rows and plan, and the BOS anchors recorded."""
+
+    def __init__(self, base: PagedLayerCache, plan: SplitPlan, slots: torch.Tensor, row_weights: torch.Tensor,
+                 bos_mass: torch.Tensor, lse: torch.Tensor) -> None:
+        self.base, self.plan, self.slots = base, plan, slots
+        self.row_weights, self.bos_mass, self.lse = row_weights, bos_mass, lse
+
+    def attend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, scale: float) -> torch.Tensor:
+        kv = self.base.kv
+        out = _write_and_attend(kv, self.plan, self.slots, self.base.use_kernel, q, k_new, v_new, scale, self.lse)
+        self.bos_mass.copy_(bos_attention_mass(q[0], kv, scale, self.lse, self.row_weights))
+        return out
 
 
 TAIL_ROUND = 128  # tail capacity is rounded up to this, so questions of similar length share a layout
+QUERY_ROUND = 16  # the question's rows are padded to a multiple of this (one captured pass per size)
+
+
+def query_rows(query_len: int) -> int:
+    """Rows of the question's pass: the question's tokens padded to a multiple of QUERY_ROUND."""
+    return -(-query_len // QUERY_ROUND) * QUERY_ROUND
 
 
 @dataclass
@@ -62,29 +97,31 @@ class PagedContext:
     tail_len: torch.Tensor  # [1] int32: tail rows attended (shared by all layers)
     answer_row: int  # tail row of answer slot 0
     answer_start: int  # position of answer slot 0
-    anchor_logits: torch.Tensor | None  # [V] the row before the answer (shifted models)
+    anchor_logits: torch.Tensor | None  # [V] the row before the answer (shifted models), set by QueryPass
     layout: tuple  # what must match for another question to reuse these buffers (and a captured graph)
+    prefix_len: int  # tail rows [0, prefix_len) hold the prefix
+    query_len: int  # then the question's rows, up to answer_row
 
 
-def build_paged_context(model: DiffusionLM, ctx: FixedContext, document: DocumentKV, chunk_ids: list[int],
-                        chunks: SelectedChunks, prefix_len: int, gen_length: int, block_length: int,
-                        use_kernel: bool, reuse: PagedContext | None = None) -> PagedContext:
-    """Turns a static FixedContext (prefix | placed chunks | question, contiguous) into pages + tail.
+def build_paged_context(model: DiffusionLM, document: DocumentKV, chunk_ids: list[int], chunks: SelectedChunks,
+                        prefix_kv: list[LayerKV], query_len: int, answer_start: int, gen_length: int,
+                        block_length: int, use_kernel: bool, reuse: PagedContext | None = None) -> PagedContext:
+    """Pages (the document's chunks, read in place) + a tail holding the prefix's KV, with rows left
+    for the question's pass (`QueryPass`, which also sets `anchor_logits`) and the answer.
 
-    The placed chunk section of `ctx` is dropped: the pages are read from `document` (on the
-    model's device) and moved to `chunks.starts` by the kernel's per-page query rotation. With
-    `reuse` of the same layout (same document, K, kept tokens, tail capacity, block), its buffers
-    are refilled in place and returned, so a graph captured over them replays for this question.
+    The pages are moved to `chunks.starts` by the kernel's per-page query rotation. With `reuse` of
+    the same layout (same document, K, kept tokens, tail capacity, block), its buffers are refilled
+    in place and returned, so the graphs captured over them replay for this question.
     """
     cfg, device = model.cfg, model.embed_tokens.weight.device
     k, c = chunks.tokens.shape
-    chunk_len = chunks.keys.shape[3]  # C, or B after token selection
-    question = slice(prefix_len + k * chunk_len, None)
+    prefix_len = prefix_kv[0][0].shape[2]
     cos, sin = shift_cos_sin(chunks.starts, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
     cos, sin = cos.to(device), sin.to(device)  # [K, D/2], the same for every layer
     page_ids = torch.tensor(chunk_ids, dtype=torch.int32, device=device)
-    tail_rows = ctx.kv[0][0].shape[2] - k * chunk_len
-    cap = -(-(tail_rows + gen_length) // TAIL_ROUND) * TAIL_ROUND
+    tail_rows = prefix_len + query_len
+    # Room for the padded question rows and for the answer after the real ones.
+    cap = -(-(prefix_len + max(query_rows(query_len), query_len + gen_length)) // TAIL_ROUND) * TAIL_ROUND
     if chunks.kept is None:  # every valid token of every page, the same for every layer and head
         valid = torch.arange(c)[None, :] < chunks.lengths[:, None]  # [K, C]
         all_tokens = torch.where(valid, torch.arange(c), -1)[:, None].expand(k, cfg.num_kv_heads, c)
@@ -95,12 +132,8 @@ def build_paged_context(model: DiffusionLM, ctx: FixedContext, document: Documen
             return all_tokens
         return torch.where(chunks.valid[:, None, :], chunks.kept[:, layer], -1).to(torch.int32).to(device)
 
-    def fill_tail(tail: torch.Tensor, src: torch.Tensor) -> None:  # [Hkv, cap, D] <- [1, Hkv, T, D]
-        tail[:, :prefix_len] = src[0, :, :prefix_len]
-        tail[:, prefix_len:tail_rows] = src[0, :, question]
-
-    layout = (document.keys.data_ptr(), tuple(document.keys.shape), k, chunk_len, chunks.kept is None, cap,
-              block_length, use_kernel)
+    layout = (document.keys.data_ptr(), tuple(document.keys.shape), k, chunks.keys.shape[3], chunks.kept is None,
+              cap, block_length, use_kernel)
     # Only pages read in place can be reused: a document elsewhere is copied to the device anew
     # for every question, at a new address.
     in_place = document.keys.device == device
@@ -109,52 +142,55 @@ def build_paged_context(model: DiffusionLM, ctx: FixedContext, document: Documen
         shared.page_ids.copy_(page_ids)
         shared.rot_cos.copy_(cos)
         shared.rot_sin.copy_(sin)
-        for layer, (cache, (kk, vv)) in enumerate(zip(reuse.layers, ctx.kv, strict=True)):
+        for layer, (cache, (kk, vv)) in enumerate(zip(reuse.layers, prefix_kv, strict=True)):
             # The same addresses (the layout checks it), so a graph captured over the old views
             # reads these pages; the views are set for the eager paths.
             cache.kv = replace(cache.kv, k_pages=document.keys[layer], v_pages=document.values[layer])
             if layer == 0 or chunks.kept is not None:
                 cache.kv.token_ids.copy_(token_ids(layer))
-            fill_tail(cache.kv.k_tail, kk)
-            fill_tail(cache.kv.v_tail, vv)
-        reuse.answer_row, reuse.answer_start, reuse.anchor_logits = tail_rows, ctx.answer_start, ctx.anchor_logits
+            cache.kv.k_tail[:, :prefix_len] = kk[0]
+            cache.kv.v_tail[:, :prefix_len] = vv[0]
+        reuse.answer_row, reuse.answer_start, reuse.anchor_logits = tail_rows, answer_start, None
+        reuse.prefix_len, reuse.query_len = prefix_len, query_len
         return reuse
     slots = torch.zeros(block_length, dtype=torch.long, device=device)
     tail_len = torch.tensor([tail_rows], dtype=torch.int32, device=device)
     plan = None
     layers = []
-    for layer, (kk, vv) in enumerate(ctx.kv):
+    for layer, (kk, vv) in enumerate(prefix_kv):
         k_tail = kk.new_zeros(cfg.num_kv_heads, cap, cfg.head_dim)
         v_tail = torch.zeros_like(k_tail)
-        fill_tail(k_tail, kk)
-        fill_tail(v_tail, vv)
+        k_tail[:, :prefix_len] = kk[0]
+        v_tail[:, :prefix_len] = vv[0]
         paged = PagedKV(document.keys[layer].to(device), document.values[layer].to(device), page_ids,
                         token_ids(layer), cos, sin, k_tail, v_tail, tail_len)
         if plan is None:  # shapes are the same in every layer
             plan = make_split_plan(paged, cfg.num_heads // cfg.num_kv_heads * block_length)
         layers.append(PagedLayerCache(paged, plan, slots, use_kernel))
-    return PagedContext(layers, slots, tail_len, tail_rows, ctx.answer_start, ctx.anchor_logits, layout)
+    return PagedContext(layers, slots, tail_len, tail_rows, answer_start, None, layout, prefix_len, query_len)
 
 
 class _BlockForward:
-    """Logits for every row of the active block ([T, V]); eager, or one captured CUDA graph."""
+    """One forward of `length` rows over a paged context's layers: logits of `rows` ([R, V], None
+    without rows); eager, or one captured CUDA graph replayed with new inputs."""
 
-    def __init__(self, model: DiffusionLM, attention: AttentionBackend, ctx: PagedContext, block_length: int,
-                 rows: torch.Tensor, use_graph: bool, layer_fns: LayerFunctions | None) -> None:
-        self.model, self.attention, self.ctx, self.rows = model, attention, ctx, rows
+    def __init__(self, model: DiffusionLM, attention: AttentionBackend, layers: list[AttendingCache], length: int,
+                 rows: torch.Tensor | None, use_graph: bool, layer_fns: LayerFunctions | None,
+                 device: torch.device) -> None:
+        self.model, self.attention, self.layers, self.rows = model, attention, layers, rows
         self.layer_fns = layer_fns
-        device = rows.device
-        self.ids = torch.zeros(1, block_length, dtype=torch.long, device=device)
-        self.positions = torch.zeros(1, block_length, dtype=torch.long, device=device)
+        self.ids = torch.zeros(1, length, dtype=torch.long, device=device)
+        self.positions = torch.zeros(1, length, dtype=torch.long, device=device)
         self.use_graph = use_graph
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
 
-    def _run(self, layer_fns: LayerFunctions | None) -> torch.Tensor:
-        return self.model(self.ids, self.positions, full_mask(), self.attention, past=self.ctx.layers,
-                          logits_rows=self.rows, return_kv=False, layer_fns=layer_fns).logits[0]
+    def _run(self, layer_fns: LayerFunctions | None) -> torch.Tensor | None:
+        logits = self.model(self.ids, self.positions, full_mask(), self.attention, past=self.layers,
+                            logits_rows=self.rows, return_kv=False, layer_fns=layer_fns).logits
+        return None if logits is None else logits[0]
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
         self.ids.copy_(ids)
         self.positions.copy_(positions)
         if self.use_graph and self.graph is None:
@@ -184,15 +220,74 @@ class _BlockForward:
         self.graph = graph
 
 
+class QueryPass:
+    """The question's one forward over a PagedContext: its rows (padded to `rows`) write their KV
+    into the tail after the prefix and attend to the pages, the prefix and each other (padding rows
+    sit past `tail_len`, so no real row sees them, and the answer's rows overwrite them). Records
+    each layer's attention mass on each page's BOS and, for a shifted model, the last row's logits
+    (the anchor that predicts answer slot 0)."""
+
+    def __init__(self, model: DiffusionLM, attention: AttentionBackend, ctx: PagedContext, rows: int,
+                 use_graph: bool, layer_fns: LayerFunctions | None) -> None:
+        cfg, device = model.cfg, ctx.slots.device
+        self.model, self.ctx, self.rows = model, ctx, rows
+        num_pages = ctx.layers[0].kv.page_ids.numel()
+        self.slots = torch.zeros(rows, dtype=torch.long, device=device)
+        self.row_weights = torch.zeros(rows, dtype=torch.float32, device=device)
+        self.bos_mass = torch.zeros(cfg.num_layers, num_pages, dtype=torch.float32, device=device)
+        lse = torch.zeros(cfg.num_heads, rows, dtype=torch.float32, device=device)  # scratch, shared by layers
+        plan = make_split_plan(ctx.layers[0].kv, cfg.num_heads // cfg.num_kv_heads * rows)
+        layers = [_QueryPassLayer(base, plan, self.slots, self.row_weights, self.bos_mass[i], lse)
+                  for i, base in enumerate(ctx.layers)]
+        self.last_row = torch.zeros(1, dtype=torch.long, device=device)
+        self._forward = _BlockForward(model, attention, layers, rows, self.last_row if cfg.logits_shifted else None,
+                                      use_graph, layer_fns, device)
+
+    def __call__(self, query_ids: list[int], query_start: int) -> torch.Tensor:
+        """Runs the pass; sets `ctx.anchor_logits`; returns the BOS anchors [K, L] (on the host)."""
+        ctx, n, device = self.ctx, len(query_ids), self.slots.device
+        assert n <= self.rows and ctx.prefix_len + n == ctx.answer_row
+        offsets = torch.arange(self.rows, device=device)
+        self.slots.copy_(ctx.prefix_len + offsets)
+        ctx.tail_len.fill_(ctx.answer_row)  # keys: prefix and the real question rows
+        self.row_weights.copy_((offsets < n).float() / n)
+        self.last_row.fill_(n - 1)
+        ids = torch.full((1, self.rows), self.model.cfg.mask_token_id, dtype=torch.long)
+        ids[0, :n] = torch.tensor(query_ids)
+        logits = self._forward(ids.to(device, non_blocking=True), (query_start + offsets)[None])
+        ctx.anchor_logits = logits[0].clone() if logits is not None else None
+        return self.bos_mass.T.cpu()
+
+
 class PagedDecodeCache:
-    """The last question's paged context and block forward (with its captured CUDA graph), kept by
-    the caller (one per engine) for the next question. A question with the same layout (same
-    document, K, kept tokens, tail capacity and block) refills the buffers and replays the graph:
-    no allocation and no capture, which otherwise costs several decode steps per question."""
+    """What one question leaves for the next (one per engine): the paged context, the block forward
+    and the question passes (with their captured CUDA graphs), and the prefix's KV. A question with
+    the same layout (same document, K, kept tokens, tail capacity and block) refills the buffers and
+    replays the graphs: no allocation and no capture, which otherwise cost several decode steps."""
 
     def __init__(self) -> None:
         self.context: PagedContext | None = None
         self.step: _BlockForward | None = None
+        self.query_passes: dict[int, QueryPass] = {}  # by padded rows, over `context`
+        self._prefix: tuple[DiffusionLM, tuple[int, ...], list[LayerKV]] | None = None
+
+    def prefix_kv(self, model: DiffusionLM, prefix_ids: list[int], compute) -> list[LayerKV]:
+        """The prefix's KV (it attends only to itself, so it is the same for every question and
+        document): `compute()` once per model and prefix."""
+        key = tuple(prefix_ids)
+        if self._prefix is None or self._prefix[0] is not model or self._prefix[1] != key:
+            self._prefix = (model, key, compute())
+        return self._prefix[2]
+
+    def query_pass(self, model: DiffusionLM, attention: AttentionBackend, ctx: PagedContext, rows: int,
+                   use_graph: bool, layer_fns: LayerFunctions | None) -> QueryPass:
+        """The pass of `rows` rows over `ctx`, kept while `ctx` is (its graph replays for ctx's buffers)."""
+        if self.context is not ctx:
+            self.context, self.step, self.query_passes = ctx, None, {}
+        cached = self.query_passes.get(rows)
+        if cached is None or cached.model is not model or cached._forward.layer_fns is not layer_fns:
+            cached = self.query_passes[rows] = QueryPass(model, attention, ctx, rows, use_graph, layer_fns)
+        return cached
 
     def release_pages(self) -> None:
         """Drops the kept context's references to the document's KV once an answer is done, so
@@ -217,17 +312,20 @@ class PagedStaticRunner:
         # Rows whose logits predict block slots 0..T-1 (slot 0 of a shifted model: the anchor).
         step_rows = (prediction_rows(torch.arange(1, block_length + 1), shifted) - 1).clamp_min(0).to(device)
         cached = cache.step if cache is not None else None
-        if (cached is not None and cached.ctx is ctx and cached.model is model and cached.use_graph == use_graph
-                and cached.layer_fns is layer_fns):
+        if (cached is not None and cached.layers is ctx.layers and cached.model is model
+                and cached.use_graph == use_graph and cached.layer_fns is layer_fns):
             self._step = cached  # the same buffers: its graph (if captured) replays for this question
         else:
-            self._step = _BlockForward(model, attention, ctx, block_length, step_rows, use_graph, layer_fns)
+            self._step = _BlockForward(model, attention, ctx.layers, block_length, step_rows, use_graph, layer_fns,
+                                       device)
         if cache is not None:
+            if cache.context is not ctx:
+                cache.query_passes = {}
             cache.context, cache.step = ctx, self._step
         # The refresh of a finished block needs only its last row (the next block's anchor).
         last = torch.tensor([block_length - 1], device=device)
-        self._refresh = _BlockForward(model, attention, ctx, block_length, last, use_graph=False,
-                                      layer_fns=layer_fns)
+        self._refresh = _BlockForward(model, attention, ctx.layers, block_length, last, use_graph=False,
+                                      layer_fns=layer_fns, device=device)
         self.anchor = ctx.anchor_logits
         self.forward_passes = 2  # the prefix and question passes of the static context
         self._offsets = torch.arange(block_length, device=device)

@@ -63,15 +63,20 @@ def _paged(device, dtype, *, n=6, hkv=2, c=37, d=64, k=3, b=21, cap=45, tail=40,
 def test_split_kv_matches_reference(device, dtype, case, hq_per_kv, tq):
     kv = _paged(device, dtype, **case)
     q = torch.randn(kv.num_kv_heads * hq_per_kv, tq, kv.k_pages.shape[-1]).to(device, dtype)
-    ref = split_kv_reference(q, kv, 0.1)
+    ref_lse = torch.empty(q.shape[:2], dtype=torch.float32, device=device)
+    ref = split_kv_reference(q, kv, 0.1, lse_out=ref_lse)
     rows = hq_per_kv * tq
     # All pages in one split; one split per page; pages cut in parts of 16 tokens; the default cut.
     for programs, tail_split, min_keys in ((1, 16, 256), (10_000, 16, 256), (10_000, 16, 16), (264, 512, 256)):
         plan = make_split_plan(kv, rows, target_programs=programs, tail_split=tail_split, block_n=16,
                                min_split_keys=min_keys)
-        out = split_kv_attention(q, kv, 0.1, plan)
+        lse = torch.full_like(ref_lse, float("nan"))
+        out = split_kv_attention(q, kv, 0.1, plan, lse_out=lse)
         assert out.dtype == q.dtype and out.shape == q.shape
         torch.testing.assert_close(out.float(), ref.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+        # The merged log-sum-exp (what the BOS anchors are computed from) and the output without it.
+        torch.testing.assert_close(lse, ref_lse, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+        torch.testing.assert_close(split_kv_attention(q, kv, 0.1, plan), out, atol=0, rtol=0)
 
 
 def test_reference_moves_pages_like_place_chunks():
@@ -142,6 +147,10 @@ def test_paged_runner_decodes_like_contiguous_runner(family, token_budget, posit
     assert paged.trace.static_layout == "paged" and contiguous.trace.static_layout == "contiguous"
     assert [(s.positions, s.tokens) for s in p_steps] == [(s.positions, s.tokens) for s in c_steps]
     assert paged.trace.forward_passes == contiguous.trace.forward_passes
+    # The question's pass over the pages records the same BOS anchors as the contiguous one
+    # (from the kernel's log-sum-exp there, from explicit probabilities here).
+    torch.testing.assert_close(paged.trace.anchors_decode, contiguous.trace.anchors_decode, atol=1e-5, rtol=1e-4)
+    assert paged.trace.kept_tokens == contiguous.trace.kept_tokens
     assert kernel_usable("cpu", 32) == (triton is not None)
 
 
@@ -163,10 +172,13 @@ def test_second_question_reuses_the_paged_buffers(family, device):
         _answer(model, attention, doc, first, cache, static_layout="paged", token_budget=budget)
         context = cache.context
         assert context is not None and context.layers[0].kv.k_pages.numel() == 0  # released
+        query_pass = cache.query_passes[32]  # 25 question rows, padded to 32
         reused, r_steps = _answer(model, attention, doc, second, cache, static_layout="paged", token_budget=budget)
         assert cache.context is context  # same layout (the tail rounds up to 128 rows): buffers reused
+        assert cache.query_passes[32] is query_pass  # 27 rows: the same padded pass (and graph)
         fresh, f_steps = _answer(model, attention, doc, second, static_layout="contiguous", token_budget=budget)
         assert [(s.positions, s.tokens) for s in r_steps] == [(s.positions, s.tokens) for s in f_steps]
+        torch.testing.assert_close(reused.trace.anchors_decode, fresh.trace.anchors_decode, atol=1e-5, rtol=1e-4)
     other = prefill_document(model, attention, torch.randint(8, 512, (400,), generator=g).to(device), 37)
     _answer(model, attention, other, second, cache, static_layout="paged")
     assert cache.context is not context  # another document: new buffers
@@ -191,3 +203,4 @@ def test_paged_runner_with_cuda_graph_on_gpu(family, compile_layers):
         contiguous, c_steps = _answer(model, attention, doc, prompt, static_layout="contiguous", token_budget=budget)
         assert auto.trace.static_layout == "paged"
         assert [(s.positions, s.tokens) for s in a_steps] == [(s.positions, s.tokens) for s in c_steps]
+        torch.testing.assert_close(auto.trace.anchors_decode, contiguous.trace.anchors_decode, atol=1e-4, rtol=1e-3)

@@ -62,10 +62,12 @@ class PagedKV:
         return self.k_pages.shape[1]
 
 
-def split_kv_reference(q: torch.Tensor, kv: PagedKV, scale: float) -> torch.Tensor:
+def split_kv_reference(q: torch.Tensor, kv: PagedKV, scale: float,
+                       lse_out: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 oracle: gathers kept keys, re-rotates them to their placed positions, plain softmax.
 
-    q: [Hq, Tq, D] (after RoPE). Returns [Hq, Tq, D] in q's dtype.
+    q: [Hq, Tq, D] (after RoPE). Returns [Hq, Tq, D] in q's dtype; with `lse_out` ([Hq, Tq] fp32)
+    also writes each row's log-sum-exp of the scaled scores there.
     """
     hkv = kv.num_kv_heads
     half = q.shape[-1] // 2
@@ -93,8 +95,33 @@ def split_kv_reference(q: torch.Tensor, kv: PagedKV, scale: float) -> torch.Tens
     k, v, ok = (x.repeat_interleave(groups, 0) for x in (k, v, ok))  # head-major GQA
     scores = torch.einsum("hqd,hkd->hqk", q.float(), k) * scale
     scores = scores.masked_fill(~ok[:, None, :], float("-inf"))
+    if lse_out is not None:
+        lse_out.copy_(torch.logsumexp(scores, -1))
     probs = torch.nan_to_num(torch.softmax(scores, -1), nan=0.0)
     return torch.einsum("hqk,hkd->hqd", probs, v).to(q.dtype)
+
+
+def bos_attention_mass(q: torch.Tensor, kv: PagedKV, scale: float, lse: torch.Tensor,
+                       row_weights: torch.Tensor) -> torch.Tensor:
+    """Attention mass on each page's BOS (offset 0, always kept), from the rows' log-sum-exp.
+
+    q [Hq, Tq, D] after RoPE; lse [Hq, Tq] (natural log, as `split_kv_reference` / the kernel
+    write it); row_weights [Tq] (e.g. 1/n for n real rows, 0 for padding). Returns [K] fp32:
+    the weighted sum over rows of the mean over heads of p(BOS of page k). The split kernel never
+    materialises probabilities, so the BOS scores are recomputed: K keys per head, a tiny matmul.
+    """
+    hq, tq, d = q.shape
+    hkv = kv.num_kv_heads
+    bos = kv.k_pages[kv.page_ids.long(), :, 0].float()  # [K, Hkv, D] at local position 0
+    if kv.rot_cos is not None:  # R(start) k, the BOS at its placed position
+        half = d // 2
+        c, s = kv.rot_cos.float()[:, None], kv.rot_sin.float()[:, None]  # [K, 1, D/2]
+        b1, b2 = bos[..., :half], bos[..., half:]
+        bos = torch.cat((b1 * c - b2 * s, b2 * c + b1 * s), -1)
+    qg = q.float().view(hkv, hq // hkv, tq, d)  # head-major GQA: query head h*G + g reads KV head h
+    scores = torch.einsum("hgtd,khd->hgtk", qg, bos) * scale
+    probs = torch.exp(scores - lse.view(hkv, hq // hkv, tq)[..., None])  # [Hkv, G, Tq, K]
+    return torch.einsum("tk,t->k", probs.mean(dim=(0, 1)), row_weights.float())
 
 
 @dataclass(frozen=True)
@@ -236,8 +263,9 @@ if triton is not None:
         return acc1, acc2, m_new, l_i
 
     @triton.jit
-    def _merge_kernel(OUT, LSE, DST, M, Tq, G, stride_os, stride_oh, stride_om, stride_ls, stride_lh,
-                      stride_dh, stride_dt, S: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr):
+    def _merge_kernel(OUT, LSE, DST, LSE_DST, M, Tq, G, stride_os, stride_oh, stride_om, stride_ls, stride_lh,
+                      stride_dh, stride_dt, stride_lsh, S: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                      HAS_LSE_OUT: tl.constexpr):
         h = tl.program_id(0)
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = offs_m < M
@@ -259,13 +287,17 @@ if triton is not None:
         out = acc / tl.where(w_sum == 0.0, 1.0, w_sum)[:, None]
         dst = DST + (h * G + offs_m // Tq)[:, None] * stride_dh + (offs_m % Tq)[:, None] * stride_dt + d
         tl.store(dst, out.to(DST.dtype.element_ty), mask=m_ok[:, None])
+        if HAS_LSE_OUT:  # the row's log-sum-exp in natural-log units (the partials are in log2 units)
+            empty = w_sum == 0.0
+            total = tl.where(empty, float("-inf"), (m_run + tl.log2(tl.where(empty, 1.0, w_sum))) * 0.6931471805599453)
+            tl.store(LSE_DST + (h * G + offs_m // Tq) * stride_lsh + offs_m % Tq, total, mask=m_ok)
 
 
 MERGE_BLOCK_M = 16  # rows per merge program: small, so the merge runs on many SMs
 
 
 def split_kv_attention(q: torch.Tensor, kv: PagedKV, scale: float, plan: SplitPlan,
-                       out: torch.Tensor | None = None) -> torch.Tensor:
+                       out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None) -> torch.Tensor:
     """Triton split-KV attention; same contract as `split_kv_reference`. No host synchronisation.
 
     Two launches: every split (pages and tail) in one, then the log-sum-exp merge.
@@ -297,9 +329,13 @@ def split_kv_attention(q: torch.Tensor, kv: PagedKV, scale: float, plan: SplitPl
         DOT_FP32=q.dtype == torch.float32 or _interpreting(), num_warps=4)
     if out is None:
         out = torch.empty_like(q)
+    if lse_out is not None:
+        assert lse_out.shape == (hq, tq) and lse_out.dtype == torch.float32 and lse_out.stride(1) == 1
     _merge_kernel[(hkv, triton.cdiv(m, MERGE_BLOCK_M))](
-        work, lse, out, m, tq, g, work.stride(0), work.stride(1), work.stride(2), lse.stride(0),
-        lse.stride(1), out.stride(0), out.stride(1), S=sp + st, D=d, BLOCK_M=MERGE_BLOCK_M, num_warps=4)
+        work, lse, out, lse_out if lse_out is not None else lse, m, tq, g, work.stride(0), work.stride(1),
+        work.stride(2), lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
+        lse_out.stride(0) if lse_out is not None else 0, S=sp + st, D=d, BLOCK_M=MERGE_BLOCK_M,
+        HAS_LSE_OUT=lse_out is not None, num_warps=4)
     return out
 
 

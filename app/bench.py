@@ -63,8 +63,11 @@ def _sync(device: torch.device) -> None:
 
 
 def _question(cfg: ModelConfig, gen: torch.Generator) -> QuestionPrompt:
-    ids = torch.randint(8, cfg.vocab_size, (40,), generator=gen).tolist()
-    return QuestionPrompt(prefix_ids=[cfg.bos_token_id] + ids[:10], query_ids=ids[10:], question_span=(2, 26))
+    """A random 30-token query after a fixed 11-token prefix: in the app the prefix (BOS,
+    instruction, chat header; engine.prompting) is the same for every question, the query is not."""
+    prefix = torch.randint(8, cfg.vocab_size, (10,), generator=torch.Generator().manual_seed(7)).tolist()
+    query = torch.randint(8, cfg.vocab_size, (30,), generator=gen).tolist()
+    return QuestionPrompt(prefix_ids=[cfg.bos_token_id] + prefix, query_ids=query, question_span=(2, 26))
 
 
 def _answer(model, attention, doc, prompt, params, max_steps: int | None, paged_cache=None):

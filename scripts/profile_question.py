@@ -24,12 +24,15 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from app.bench import SHAPES, _matmul_flops_per_token, _question
+import engine.answer as answer_mod
 from engine import AnswerParams, SamplingParams, ScoringParams
 from engine.answer import AnswerResult, stream_answer
-from engine.attention import select_backend
+from engine.attention import full_mask, select_backend
 from engine.chunk_scorer import score_document, scoring_rows
 from engine.compiled_layers import compiled_layer_functions
+from engine.paged_decode import PagedDecodeCache
 from engine.prefill import prefill_document
+from engine.static_decode import build_static_context
 from engine.weights import random_model
 
 KINDS = [("gemm", r"gemm|gemv|cutlass|sm90|matmul|splitK|nvjet"), ("split_kv", r"split_kv|_merge_kernel"),
@@ -140,7 +143,54 @@ def main() -> None:
             "gpu_busy_ms_per_step": sum(k["ms_per_step"] for k in kernels.values()),
             "kernels_per_step": sum(k["kernels_per_step"] for k in kernels.values()), "by_kind": kernels}
         print(variant, json.dumps(summary["variants"][variant], indent=1), flush=True)
+    summary["kv_build"] = _profile_kv_build(model, attention, doc, prompt, rows, scoring, sampling, args, sync,
+                                            activities, sort_by)
+    print("kv_build", json.dumps(summary["kv_build"], indent=1), flush=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
+def _profile_kv_build(model, attention, doc, prompt, rows, scoring, sampling, args, sync, activities, sort_by) -> dict:
+    """The kv_build phase of a cached question (paged route, buffers reused), timed whole and by part
+    (`static_context_ms`: what the contiguous route builds instead), and one kernel table of it
+    (`kv_build.txt`): how much is GPU work and how much host time."""
+    params = AnswerParams(top_k=args.top_k, scoring=scoring, sampling=sampling)
+    layer_fns = compiled_layer_functions(dynamic=True) if model.embed_tokens.weight.is_cuda else None
+    scores = score_document(model, attention, doc, rows, scoring, layer_fns).scores
+    chosen = answer_mod._select(scores, params)
+    pool = answer_mod._pool([doc])
+    refs = [pool[i] for i in chosen.tolist()]
+    trace = answer_mod.AnswerTrace(candidates=pool, scores=[], selected=refs, selected_scores=[], kept_tokens=[],
+                                   anchors_scoring=torch.zeros(0), anchors_decode=None, draft_ids=[], timings={})
+    cache = PagedDecodeCache()
+    whole = partial(answer_mod._method_runner, model, attention, [doc], prompt, rows, refs, chosen, params, trace,
+                    cache)
+    total = len(pool)
+    gathered = partial(answer_mod._gather_selected, model, attention, [doc], refs, rows, params, chosen.tolist(),
+                       total, len(prompt.prefix_ids))
+    chunks, _, query_start = gathered()
+    static_ctx = partial(build_static_context, model, attention, prompt, chunks, query_start, None, layer_fns)
+    prefix_ids = torch.tensor(prompt.prefix_ids, device=doc.keys.device)[None]
+    prefix = torch.inference_mode()(partial(model, prefix_ids, torch.arange(prefix_ids.shape[1],
+                                                                           device=prefix_ids.device)[None],
+                                            full_mask(), attention, layer_fns=layer_fns))
+    for _ in range(3):
+        whole()
+    out = {name: 1000 * _seconds(fn, sync, 5) for name, fn in
+           (("kv_build_ms", whole), ("gather_selected_ms", gathered), ("static_context_ms", static_ctx),
+            ("prefix_forward_ms", prefix))}
+    sync()
+    with profile(activities=activities) as prof:
+        t = time.perf_counter()
+        whole()
+        sync()
+        out["profiled_wall_ms"] = 1000 * (time.perf_counter() - t)
+    (args.out / "kv_build.txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=50))
+    (args.out / "kv_build_cpu.txt").write_text(prof.key_averages().table(sort_by="cpu_time_total", row_limit=50))
+    kernels = _kernel_summary(prof, 1)
+    out["gpu_busy_ms"] = sum(k["ms_per_step"] for k in kernels.values())
+    out["kernels"] = sum(k["kernels_per_step"] for k in kernels.values())
+    out["by_kind"] = kernels
+    return out
 
 
 if __name__ == "__main__":

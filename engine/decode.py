@@ -27,11 +27,8 @@ from engine.sampling import (
     StepPlan,
     answer_is_settled,
     choose_commits,
-    choose_commits_in_block,
-    commits_known_in_advance,
     cut_at_stop,
     prediction_rows,
-    scheduled_commit_count,
 )
 
 
@@ -71,23 +68,10 @@ def run_blocks(runner: StepRunner, cfg: ModelConfig, params: SamplingParams,
                ) -> Generator[DecodeStep, None, DecodeOutcome]:
     """Decodes `params.gen_length` answer slots block by block with `params.decoder`.
 
-    The canvas lives on the device (the runners read it) and is mirrored on the host. When the
-    decoder's commit counts are known in advance (`commits_known_in_advance`), each step is queued
-    before the previous one is read back (`decode_queued`), so the GPU does not wait for the host
-    between steps; otherwise each step synchronises once (`decode_synchronous`). Both commit the
-    same tokens in the same slots.
+    The canvas lives on the device (the runners read it) and is mirrored on the host; each step
+    synchronises once, to copy back which slots it committed. Everything the loop decides from
+    (masked slots, stop tokens) is read from the mirror, so the GPU is not drained more than that.
     """
-    if commits_known_in_advance(params):
-        return decode_queued(runner, cfg, params, device)
-    return decode_synchronous(runner, cfg, params, generator, device)
-
-
-def decode_synchronous(runner: StepRunner, cfg: ModelConfig, params: SamplingParams,
-                       generator: torch.Generator | None, device: torch.device
-                       ) -> Generator[DecodeStep, None, DecodeOutcome]:
-    """The loop for any decoder: each step copies back which slots it committed (one
-    synchronisation); what the loop decides from (masked slots, stop tokens) is read from the
-    host mirror, so the GPU is not drained more than that."""
     mask_id = cfg.mask_token_id
     answer = torch.full((params.gen_length,), mask_id, dtype=torch.long, device=device)
     canvas = [mask_id] * params.gen_length  # host mirror of `answer`
@@ -124,84 +108,6 @@ def decode_synchronous(runner: StepRunner, cfg: ModelConfig, params: SamplingPar
     return DecodeOutcome(answer_ids=cut_at_stop(canvas, cfg.stop_token_ids), canvas=canvas,
                          steps=step, forward_passes=runner.forward_passes,
                          stopped_early=stopped_early)
-
-
-class _StepReadback:
-    """A queued step's commits on their way to the host: copied into pinned memory without
-    blocking, with an event to wait on only when the host needs them."""
-
-    def __init__(self, commits: torch.Tensor, block: int, forward_passes_before: int) -> None:
-        self.block, self.forward_passes_before = block, forward_passes_before
-        pinned = commits.device.type == "cuda"
-        self.host = torch.empty(commits.shape, dtype=commits.dtype, pin_memory=pinned)
-        self.host.copy_(commits, non_blocking=pinned)
-        self.event = torch.cuda.Event() if pinned else None
-        if self.event is not None:
-            self.event.record()
-
-    def commits(self) -> tuple[list[int], list[int]]:
-        if self.event is not None:
-            self.event.synchronize()  # this step only; the next one keeps the GPU busy meanwhile
-        chosen, tokens = self.host.tolist()
-        return chosen, tokens
-
-
-def decode_queued(runner: StepRunner, cfg: ModelConfig, params: SamplingParams, device: torch.device
-                  ) -> Generator[DecodeStep, None, DecodeOutcome]:
-    """The loop for decoders whose commit counts are known in advance: every step's decision is
-    made on the device over the whole block (`choose_commits_in_block`), and the host reads a step
-    back only after queueing the next one of the same block. A block's end drains the queue (so a
-    stop token found in its last step stops before the next block's work is queued); a stop found
-    mid-block drops the one step queued after it."""
-    mask_id, t = cfg.mask_token_id, params.block_length
-    answer = torch.full((params.gen_length,), mask_id, dtype=torch.long, device=device)
-    canvas = [mask_id] * params.gen_length  # host mirror of `answer`, one step behind at most
-    step = 0
-    queue: list[_StepReadback] = []
-
-    def settle(readback: _StepReadback) -> DecodeStep:
-        nonlocal step
-        commit, new = readback.commits()
-        lo = readback.block * t
-        positions = tuple(lo + i for i in range(t) if commit[i])
-        tokens = tuple(new[i] for i in range(t) if commit[i])
-        for pos, tok in zip(positions, tokens, strict=True):
-            canvas[pos] = tok
-        out = DecodeStep(step=step, block=readback.block, positions=positions, tokens=tokens,
-                         masked_left=canvas.count(mask_id))
-        step += 1
-        return out
-
-    def settled() -> bool:
-        return params.stop_at_eos and answer_is_settled(canvas, mask_id, cfg.stop_token_ids)
-
-    for block in range(params.num_blocks):
-        lo = block * t
-        runner.block_start(block, answer)
-        slots = torch.arange(lo, lo + t, device=device)  # [T] every slot; the unmasked are never chosen
-        masked = t  # a block starts fully masked: decoders commit only inside the active block
-        step_in_block = 0
-        while masked:
-            plan = StepPlan(step_in_block, params.steps_per_block, t)
-            count = min(scheduled_commit_count(params, plan, masked), masked)
-            passes_before = runner.forward_passes
-            logits = runner.slot_logits(block, answer, slots)  # [T, V]
-            window = answer[lo:lo + t]
-            chosen, tokens = choose_commits_in_block(logits, window == mask_id, params, count)
-            answer[lo:lo + t] = torch.where(chosen, tokens, window)
-            queue.append(_StepReadback(torch.stack((chosen.long(), tokens)), block, passes_before))
-            masked -= count
-            step_in_block += 1
-            while len(queue) > (1 if masked else 0):
-                yield settle(queue.pop(0))
-                if settled():
-                    passes = queue[0].forward_passes_before if queue else runner.forward_passes
-                    return DecodeOutcome(answer_ids=cut_at_stop(canvas, cfg.stop_token_ids), canvas=canvas,
-                                         steps=step, forward_passes=passes, stopped_early=mask_id in canvas)
-        if block < params.num_blocks - 1:
-            runner.block_done(block, answer)
-    return DecodeOutcome(answer_ids=cut_at_stop(canvas, cfg.stop_token_ids), canvas=canvas, steps=step,
-                         forward_passes=runner.forward_passes, stopped_early=False)
 
 
 def block_logits(model: DiffusionLM, attention: AttentionBackend, ids: torch.Tensor, positions: torch.Tensor,

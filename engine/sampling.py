@@ -187,28 +187,6 @@ class StepPlan:
     masked_at_block_start: int
 
 
-def scheduled_commit_count(params: SamplingParams, plan: StepPlan, masked: int) -> int:
-    """How many of the `masked` slots a step of a top-k decoder (scheduled or Dream's ranked ones)
-    commits: fixed by the schedule, never by the logits."""
-    is_last = plan.step_in_block >= plan.steps_in_block - 1
-    if params.decoder in SCHEDULED:
-        schedule = uniform_transfer_schedule(plan.masked_at_block_start, plan.steps_in_block)
-        return masked if is_last else schedule[plan.step_in_block]
-    if params.decoder in ("maskgit_plus", "topk_margin", "entropy"):
-        ts = dream_timesteps(plan.steps_in_block, params.eps)
-        t, s = float(ts[plan.step_in_block]), float(ts[plan.step_in_block + 1])
-        return dream_transfer_count(masked, t, s, is_last)
-    raise ValueError(f"{params.decoder!r} commits as many slots as its logits say")
-
-
-def commits_known_in_advance(params: SamplingParams) -> bool:
-    """True when the host can tell, without the logits, how many slots every step commits and when a
-    block is done, and no random number is drawn: the decoding loop may then queue a step before
-    reading back the previous one (engine.decode)."""
-    return (params.decoder in ("low_confidence", "maskgit_plus", "topk_margin", "entropy")
-            and params.temperature == 0 and not params.alg_temp)
-
-
 def choose_commits(logits: torch.Tensor, params: SamplingParams, plan: StepPlan,
                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """One denoising decision over the M still-masked slots of the active block.
@@ -219,35 +197,25 @@ def choose_commits(logits: torch.Tensor, params: SamplingParams, plan: StepPlan,
     m = logits.shape[0]
     proposal = propose(logits, params.temperature, params.top_k, params.top_p, generator)
     decoder = params.decoder
+    is_last = plan.step_in_block >= plan.steps_in_block - 1
     if decoder == "threshold":
         chosen = select_above_threshold(proposal.confidence, params.threshold)
-    elif decoder == "origin":
-        is_last = plan.step_in_block >= plan.steps_in_block - 1
+    elif decoder in SCHEDULED:
+        schedule = uniform_transfer_schedule(plan.masked_at_block_start, plan.steps_in_block)
+        k = m if is_last else schedule[plan.step_in_block]
+        chosen = select_top_k(confidence_scores(proposal, decoder, generator), k)
+    else:
         ts = dream_timesteps(plan.steps_in_block, params.eps)
         t, s = float(ts[plan.step_in_block]), float(ts[plan.step_in_block + 1])
-        chosen = torch.rand(m, generator=generator, device=logits.device) < (1 - s / t)
-        if is_last:
-            chosen[:] = True
-    else:
-        k = scheduled_commit_count(params, plan, m)
-        chosen = select_top_k(confidence_scores(proposal, decoder, generator), k,
-                              params.alg_temp if decoder in DREAM_NATIVE else None, generator)
+        if decoder == "origin":
+            chosen = torch.rand(m, generator=generator, device=logits.device) < (1 - s / t)
+            if is_last:
+                chosen[:] = True
+        else:
+            k = dream_transfer_count(m, t, s, is_last)
+            chosen = select_top_k(confidence_scores(proposal, decoder, generator), k,
+                                  params.alg_temp, generator)
     return chosen, proposal.tokens
-
-
-def choose_commits_in_block(logits: torch.Tensor, masked: torch.Tensor, params: SamplingParams,
-                            count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`choose_commits` for a decoder whose commits are known in advance, over a whole block:
-    logits [T, V] (row i predicts block slot i), masked [T] bool, `count` from
-    `scheduled_commit_count`. The same choice, with fixed shapes and no host synchronisation.
-    Returns (commit bool [T], tokens long [T])."""
-    assert commits_known_in_advance(params)
-    proposal = propose(logits, 0.0, params.top_k, params.top_p, None)
-    scores = confidence_scores(proposal, params.decoder, None).masked_fill(~masked, float("-inf"))
-    chosen = torch.zeros_like(masked)
-    if count > 0:
-        chosen[torch.topk(scores, count).indices] = True
-    return chosen & masked, proposal.tokens
 
 
 def answer_is_settled(answer: list[int], mask_id: int, stop_ids: tuple[int, ...]) -> bool:

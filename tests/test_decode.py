@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from engine import Engine, SamplingParams
-from engine.decode import DecodeStep, DenseRunner, FastDLLMRunner, decode_queued, decode_synchronous, dense_decode
+from engine.decode import DecodeStep, dense_decode
 from engine.engine import GenerationResult
-from engine.sampling import commits_known_in_advance
 from tests.test_parity_hf import hf_logits, hf_reference
 
 
@@ -120,53 +119,3 @@ def test_stream_yields_steps_then_result(pair):
     committed = sorted(p for e in events[:-1] for p in e.positions)
     assert committed == list(range(16))
     assert result.text == engine.tokenizer.decode(result.answer_ids, skip_special_tokens=True)
-
-
-def _drain(loop):
-    steps = []
-    while True:
-        try:
-            steps.append(next(loop))
-        except StopIteration as done:
-            return steps, done.value
-
-
-@pytest.mark.parametrize("pair", ["dream", "llada"], indirect=True)
-@pytest.mark.parametrize("decoder,steps", [("low_confidence", None), ("low_confidence", 12), ("topk_margin", 9),
-                                           ("maskgit_plus", 12), ("entropy", 24)])
-@pytest.mark.parametrize("runner_kind", ["dense", "fastdllm"])
-def test_queued_loop_commits_like_the_synchronous_one(pair, decoder, steps, runner_kind):
-    """The queued loop (each step queued before the previous is read back, decisions made over the
-    whole block on the device) commits what the synchronous loop commits, step for step; with a stop
-    token it stops at the same step, mid-block or at a block's end, and counts the same passes."""
-    engine, _ = pair
-    cfg = engine.config
-    prompt = torch.tensor(engine.encode("Where is the report filed?", use_chat_template=True))
-    params = SamplingParams(decoder=decoder, gen_length=24, block_length=8, steps=steps, stop_at_eos=False)
-    assert commits_known_in_advance(params)
-
-    def run(queued: bool, p: SamplingParams, model_cfg=cfg):
-        engine.model.cfg = model_cfg
-        try:
-            runner = (DenseRunner(engine.model, engine.attention, prompt) if runner_kind == "dense"
-                      else FastDLLMRunner(engine.model, engine.attention, prompt, p.block_length))
-            loop = (decode_queued(runner, model_cfg, p, torch.device("cpu")) if queued
-                    else decode_synchronous(runner, model_cfg, p, None, torch.device("cpu")))
-            return _drain(loop)
-        finally:
-            engine.model.cfg = cfg
-
-    sync_steps, sync_out = run(False, params)
-    queued_steps, queued_out = run(True, params)
-    assert queued_steps == sync_steps and queued_out == sync_out
-    # Stop tokens: one committed mid-block, and the token that ends the first block.
-    base = sync_steps
-    first_block_end = max(s.step for s in base if s.block == 0)
-    for stop_step in (2, first_block_end):
-        stop_token = base[stop_step].tokens[0]
-        stop_cfg = dataclasses.replace(cfg, eos_token_id=stop_token, eot_token_id=None)
-        stopping = dataclasses.replace(params, stop_at_eos=True)
-        sync_steps, sync_out = run(False, stopping, stop_cfg)
-        queued_steps, queued_out = run(True, stopping, stop_cfg)
-        assert queued_steps == sync_steps and queued_out == sync_out
-        assert sync_out.steps < len(base)  # it did stop early

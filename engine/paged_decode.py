@@ -99,8 +99,7 @@ class PagedContext:
     answer_start: int  # position of answer slot 0
     anchor_logits: torch.Tensor | None  # [V] the row before the answer (shifted models), set by QueryPass
     layout: tuple  # what must match for another question to reuse these buffers (and a captured graph)
-    prefix_len: int  # tail rows [0, prefix_len) hold the prefix
-    query_len: int  # then the question's rows, up to answer_row
+    prefix_len: int  # tail rows [0, prefix_len) hold the prefix; the question's rows follow, up to answer_row
 
 
 def build_paged_context(model: DiffusionLM, document: DocumentKV, chunk_ids: list[int], chunks: SelectedChunks,
@@ -151,7 +150,7 @@ def build_paged_context(model: DiffusionLM, document: DocumentKV, chunk_ids: lis
             cache.kv.k_tail[:, :prefix_len] = kk[0]
             cache.kv.v_tail[:, :prefix_len] = vv[0]
         reuse.answer_row, reuse.answer_start, reuse.anchor_logits = tail_rows, answer_start, None
-        reuse.prefix_len, reuse.query_len = prefix_len, query_len
+        reuse.prefix_len = prefix_len
         return reuse
     slots = torch.zeros(block_length, dtype=torch.long, device=device)
     tail_len = torch.tensor([tail_rows], dtype=torch.int32, device=device)
@@ -167,7 +166,7 @@ def build_paged_context(model: DiffusionLM, document: DocumentKV, chunk_ids: lis
         if plan is None:  # shapes are the same in every layer
             plan = make_split_plan(paged, cfg.num_heads // cfg.num_kv_heads * block_length)
         layers.append(PagedLayerCache(paged, plan, slots, use_kernel))
-    return PagedContext(layers, slots, tail_len, tail_rows, answer_start, None, layout, prefix_len, query_len)
+    return PagedContext(layers, slots, tail_len, tail_rows, answer_start, None, layout, prefix_len)
 
 
 class _BlockForward:

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from app.bench import SHAPES, _matmul_flops_per_token, _question
 import engine.answer as answer_mod
+from app.bench import SHAPES, _matmul_flops_per_token, _question
 from engine import AnswerParams, SamplingParams, ScoringParams
 from engine.answer import AnswerResult, stream_answer
 from engine.attention import full_mask, select_backend

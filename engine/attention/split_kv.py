@@ -289,7 +289,8 @@ if triton is not None:
         tl.store(dst, out.to(DST.dtype.element_ty), mask=m_ok[:, None])
         if HAS_LSE_OUT:  # the row's log-sum-exp in natural-log units (the partials are in log2 units)
             empty = w_sum == 0.0
-            total = tl.where(empty, float("-inf"), (m_run + tl.log2(tl.where(empty, 1.0, w_sum))) * 0.6931471805599453)
+            log2_total = m_run + tl.log2(tl.where(empty, 1.0, w_sum))
+            total = tl.where(empty, float("-inf"), log2_total * 0.6931471805599453)  # x ln 2
             tl.store(LSE_DST + (h * G + offs_m // Tq) * stride_lsh + offs_m % Tq, total, mask=m_ok)
 
 

@@ -30,6 +30,8 @@ class EvalRow:
     depth: float | None
     needle_selected: bool | None
     seconds: float
+    # Share of the answer-holding chunks among the selected (multi-value tasks need all of them).
+    needle_recall: float | None = None
 
 
 def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chunk_size: int,
@@ -56,9 +58,11 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
             result = engine.answer(doc, s.question, answer_params(model_defaults(engine.path), kv_mode=mode))
             seconds = time.perf_counter() - t + prefill_s * (mode in ("static", "joint"))
             chosen = {r.chunk for r in result.trace.selected}
-            selected = bool(needle_chunks & chosen) if needle_chunks and mode in ("static", "joint") else None
+            scored = bool(needle_chunks) and mode in ("static", "joint")
+            selected = bool(needle_chunks & chosen) if scored else None
+            recall = len(needle_chunks & chosen) / len(needle_chunks) if scored else None
             row = EvalRow(s.task, s.length, s.index, mode, ruler.score(s.task, result.text, s.outputs),
-                          result.text, [str(o) for o in s.outputs], s.depth, selected, seconds)
+                          result.text, [str(o) for o in s.outputs], s.depth, selected, seconds, recall)
             rows.append(row)
             if rows_path is not None:
                 with open(rows_path, "a") as f:
@@ -87,6 +91,10 @@ def summarize(rows: list[EvalRow]) -> str:
         if sel:
             out.append(f"\nchunk selection recall (an answer-holding chunk among the selected): "
                        f"{100 * sum(sel) / len(sel):.1f}% of {len(sel)} samples")
+        every = [r.needle_recall for r in sub if r.needle_recall is not None]
+        if every:
+            out.append(f"\nanswer-holding chunks selected, on average: {100 * sum(every) / len(every):.1f}% "
+                       f"(all of them in {sum(v == 1.0 for v in every)} of {len(every)} samples)")
     return "\n".join(out) + "\n"
 
 

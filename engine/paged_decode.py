@@ -83,6 +83,7 @@ class _QueryPassLayer:
 
 TAIL_ROUND = 128  # tail capacity is rounded up to this, so questions of similar length share a layout
 QUERY_ROUND = 16  # the question's rows are padded to a multiple of this (one captured pass per size)
+MAX_QUERY_PASSES = 4  # question passes (sizes) a PagedDecodeCache keeps, least recently used dropped
 
 
 def query_rows(query_len: int) -> int:
@@ -283,9 +284,12 @@ class PagedDecodeCache:
         """The pass of `rows` rows over `ctx`, kept while `ctx` is (its graph replays for ctx's buffers)."""
         if self.context is not ctx:
             self.context, self.step, self.query_passes = ctx, None, {}
-        cached = self.query_passes.get(rows)
+        cached = self.query_passes.pop(rows, None)
         if cached is None or cached.model is not model or cached._forward.layer_fns is not layer_fns:
-            cached = self.query_passes[rows] = QueryPass(model, attention, ctx, rows, use_graph, layer_fns)
+            cached = QueryPass(model, attention, ctx, rows, use_graph, layer_fns)
+        self.query_passes[rows] = cached  # most recently used last
+        while len(self.query_passes) > MAX_QUERY_PASSES:  # each holds a captured graph and its memory
+            self.query_passes.pop(next(iter(self.query_passes)))
         return cached
 
     def release_pages(self) -> None:

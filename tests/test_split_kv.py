@@ -23,7 +23,7 @@ from engine.attention.split_kv import (
     triton,
 )
 from engine.kv_cache import place_chunks
-from engine.paged_decode import PagedDecodeCache
+from engine.paged_decode import MAX_QUERY_PASSES, PagedDecodeCache, query_rows
 from engine.prefill import prefill_document
 from engine.prompting import QuestionPrompt
 from engine.rope import shift_cos_sin
@@ -182,6 +182,34 @@ def test_second_question_reuses_the_paged_buffers(family, device):
     other = prefill_document(model, attention, torch.randint(8, 512, (400,), generator=g).to(device), 37)
     _answer(model, attention, other, second, cache, static_layout="paged")
     assert cache.context is not context  # another document: new buffers
+
+
+def test_question_pass_sizes_on_one_context():
+    """Questions of several lengths over one context: each padded size gets its own pass (the
+    least recently used dropped past MAX_QUERY_PASSES), and each answers as the contiguous route
+    does, also when the padding rows reach past the answer's rows (a short answer)."""
+    torch.manual_seed(0)
+    model = _tiny("dream-7b", torch.float32, "cpu")
+    attention = select_backend("cpu", torch.float32)
+    g = torch.Generator().manual_seed(1)
+    doc = prefill_document(model, attention, torch.randint(8, 512, (500,), generator=g), 37)
+    sampling = SamplingParams(decoder="low_confidence", gen_length=8, block_length=8, steps=8, stop_at_eos=False)
+    cache = PagedDecodeCache()
+    sizes = [33, 17, 60, 5, 33, 90]  # padded to 48, 32, 64, 16, 48, 96
+    for n in sizes:
+        prompt = QuestionPrompt(prefix_ids=[0, 9, 10], query_ids=list(range(20, 20 + n)), question_span=(0, n))
+        runs = {}
+        for layout, c in (("paged", cache), ("contiguous", None)):
+            p = AnswerParams(top_k=3, scoring=ScoringParams(scorer="self_information"), sampling=sampling,
+                             static_layout=layout)
+            events = list(stream_answer(model, attention, None, [doc], prompt, p, c))
+            runs[layout] = ([(e.positions, e.tokens) for e in events[:-1]], events[-1])
+        assert runs["paged"][0] == runs["contiguous"][0], n
+        torch.testing.assert_close(runs["paged"][1].trace.anchors_decode, runs["contiguous"][1].trace.anchors_decode,
+                                   atol=1e-5, rtol=1e-4)
+        assert query_rows(n) in cache.query_passes
+    assert len(cache.query_passes) <= MAX_QUERY_PASSES
+    assert list(cache.query_passes)[-2:] == [48, 96]  # most recently used last
 
 
 @pytest.mark.gpu

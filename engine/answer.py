@@ -147,12 +147,15 @@ def _select(scores: torch.Tensor, params: AnswerParams) -> torch.Tensor:
 
 
 def _gather_selected(model, attention, documents, refs: list[ChunkRef], rows, params: AnswerParams,
-                     ordinals: list[int], total: int, prefix_len: int
+                     ordinals: list[int], total: int, prefix_len: int, stack_kv: bool = True
                      ) -> tuple[SelectedChunks, list[list[int]], int]:
-    """Stacks the selected chunks' KV, applies token selection, computes their positions."""
+    """Stacks the selected chunks' KV (unless `stack_kv` is False: the paged route reads it in
+    place), applies token selection, computes their positions."""
     cfg = model.cfg
-    keys = torch.stack([documents[r.document].keys[:, r.chunk] for r in refs], 1)  # [L, K, Hkv, C, D]
-    values = torch.stack([documents[r.document].values[:, r.chunk] for r in refs], 1)
+    keys = values = None
+    if stack_kv:
+        keys = torch.stack([documents[r.document].keys[:, r.chunk] for r in refs], 1)  # [L, K, Hkv, C, D]
+        values = torch.stack([documents[r.document].values[:, r.chunk] for r in refs], 1)
     tokens = torch.stack([documents[r.document].tokens[r.chunk] for r in refs])
     lengths = torch.stack([documents[r.document].lengths[r.chunk] for r in refs])
     c = tokens.shape[1]
@@ -165,7 +168,7 @@ def _gather_selected(model, attention, documents, refs: list[ChunkRef], rows, pa
                             _dynamic_layers(model, params))
             for r in refs])  # [K, L, Hkv, C]
         kept, valid = select_kept_tokens(relevance, lengths, params.token_budget, params.pool_kernel)
-        if params.kv_mode == "static":
+        if params.kv_mode == "static" and stack_kv:
             keys, values = gather_kept_tokens(keys, kept), gather_kept_tokens(values, kept)
         counts = []
         for j, n in enumerate(lengths.tolist()):
@@ -275,7 +278,7 @@ def _paged_runner(model, attention, document: DocumentKV, prompt: QuestionPrompt
     cache = cache if cache is not None else PagedDecodeCache()
     prefix_len = len(prompt.prefix_ids)
     chunks, trace.kept_tokens, query_start = _gather_selected(model, attention, [document], refs, rows, params,
-                                                              chosen.tolist(), total, prefix_len)
+                                                              chosen.tolist(), total, prefix_len, stack_kv=False)
     dynamic = _dynamic_layers(model, params)
 
     def prefix_pass() -> list:
@@ -306,10 +309,11 @@ def _method_runner(model, attention, documents, prompt, rows, refs, chosen, para
     def context_for(sel_refs, sel_ordinals, extra_ids=None) -> tuple[FixedContext, list[list[int]], SelectedChunks]:
         if not sel_refs:
             raise ValueError("no chunk to answer from: the documents are empty")
+        joint = params.kv_mode == "joint" and extra_ids is None  # re-encodes the chunks' tokens
         chunks, counts, query_start = _gather_selected(model, attention, documents, sel_refs, rows, params,
-                                                       sel_ordinals, total, prefix_len)
+                                                       sel_ordinals, total, prefix_len, stack_kv=not joint)
         layer_fns = _dynamic_layers(model, params)
-        if params.kv_mode == "joint" and extra_ids is None:
+        if joint:
             ctx = build_joint_context(model, attention, prompt, chunks, query_start,
                                       params.sampling.gen_length, params.sampling.block_length, layer_fns)
         else:

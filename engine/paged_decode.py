@@ -132,7 +132,7 @@ def build_paged_context(model: DiffusionLM, document: DocumentKV, chunk_ids: lis
             return all_tokens
         return torch.where(chunks.valid[:, None, :], chunks.kept[:, layer], -1).to(torch.int32).to(device)
 
-    layout = (document.keys.data_ptr(), tuple(document.keys.shape), k, chunks.keys.shape[3], chunks.kept is None,
+    layout = (document.keys.data_ptr(), tuple(document.keys.shape), k, chunks.valid.shape[1], chunks.kept is None,
               cap, block_length, use_kernel)
     # Only pages read in place can be reused: a document elsewhere is copied to the device anew
     # for every question, at a new address.

@@ -28,8 +28,10 @@ from engine.sampling import prediction_rows
 class SelectedChunks:
     """The chosen chunks, in placement order, ready to be placed at their positions."""
 
-    keys: torch.Tensor  # [L, K, Hkv, T, D] local-position keys (T = C, or B after token selection)
-    values: torch.Tensor  # [L, K, Hkv, T, D]
+    # [L, K, Hkv, T, D] local-position keys and values (T = C, or B after token selection); None on
+    # the paged route, which reads them in place from the document's cache.
+    keys: torch.Tensor | None
+    values: torch.Tensor | None
     valid: torch.Tensor  # [K, T] bool
     starts: torch.Tensor  # [K] long, position of each chunk's BOS
     tokens: torch.Tensor  # [K, C] long, full chunk tokens (for joint re-encoding)
@@ -38,7 +40,7 @@ class SelectedChunks:
 
     @property
     def num_chunks(self) -> int:
-        return self.keys.shape[1]
+        return self.tokens.shape[0]
 
 
 @dataclass

@@ -37,6 +37,10 @@ TINY = replace(KNOWN_CONFIGS["llada-8b"], vocab_size=512, hidden_size=64, interm
                eot_token_id=2, pad_token_id=1)
 SHAPES: dict[str, ModelConfig] = {"dream-7b": KNOWN_CONFIGS["dream-7b"], "llada-8b": KNOWN_CONFIGS["llada-8b"],
                                   "tiny": TINY}
+# The app's scorer (a context-free draft, then the likelihood of question + draft under each chunk).
+# LLaDA's masked likelihood runs 4 strided folds here, not the app's leave-one-out default
+# (one fold per target: about 8x the scoring rows); `docqa bench --llada-folds 0` measures that.
+BENCH_SCORING = ScoringParams(scorer="draft_self_information", llada_folds=4)
 
 
 @dataclass
@@ -96,7 +100,7 @@ def _answer(model, attention, doc, prompt, params, max_steps: int | None, paged_
 
 
 def _warm_up(model, attention, cfg: ModelConfig, modes: list[str], chunk_size: int, top_k: int,
-             gen: torch.Generator, compile_layers: bool) -> None:
+             gen: torch.Generator, compile_layers: bool, scoring: ScoringParams) -> None:
     """One untimed question per mode on a small document: cuBLAS, Triton and torch.compile
     compilation and lazy initialisation happen here, not in the first timed context."""
     layer_fns = layer_functions_for(model.embed_tokens.weight.device, compile_layers, dynamic=True)
@@ -105,7 +109,7 @@ def _warm_up(model, attention, cfg: ModelConfig, modes: list[str], chunk_size: i
     sampling = SamplingParams(decoder="low_confidence", gen_length=32, block_length=32, steps=32, stop_at_eos=False)
     for mode in modes:
         params = AnswerParams(top_k=top_k, kv_mode=mode, sampling=sampling, compile_layers=compile_layers,
-                              scoring=ScoringParams(scorer="self_information", llada_folds=4))
+                              scoring=scoring)
         _answer(model, attention, doc, _question(cfg, gen), params, 2 if mode == "dense" else None)
 
 
@@ -117,14 +121,14 @@ def _matmul_flops_per_token(cfg: ModelConfig) -> float:
 
 def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], device: str | None,
         chunk_size: int, top_k: int, dense_budget_s: float, progress=print,
-        compile_layers: bool = True) -> list[BenchRow]:
+        compile_layers: bool = True, scoring: ScoringParams = BENCH_SCORING) -> list[BenchRow]:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     cfg = SHAPES[shape]
     model = random_model(cfg, dev, dtype)
     attention = select_backend(dev, dtype)
     gen = torch.Generator().manual_seed(0)
-    _warm_up(model, attention, cfg, modes, chunk_size, top_k, gen, compile_layers)
+    _warm_up(model, attention, cfg, modes, chunk_size, top_k, gen, compile_layers, scoring)
     layer_fns = layer_functions_for(dev, compile_layers, dynamic=True)
     rows = []
     for context in contexts:
@@ -154,9 +158,8 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
                                           steps=answer, stop_at_eos=False)
                 if dev.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(dev)
-                params = AnswerParams(top_k=top_k, kv_mode=mode, scoring=ScoringParams(scorer="self_information",
-                                                                                        llada_folds=4),
-                                      sampling=sampling, compile_layers=compile_layers)
+                params = AnswerParams(top_k=top_k, kv_mode=mode, scoring=scoring, sampling=sampling,
+                                      compile_layers=compile_layers)
                 max_steps = None
                 if mode == "dense":  # time two steps once per context, then decide whether to extrapolate
                     if dense_step_s is None:

@@ -10,6 +10,8 @@ from pathlib import Path
 from app.defaults import BUNDLED_MODEL
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+# engine.scoring.SCORERS, spelled out so that parsing arguments does not import torch (a test checks they agree)
+SCORER_NAMES = ("draft_self_information", "self_information", "attention", "none")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -54,8 +56,7 @@ def _build_parser() -> argparse.ArgumentParser:
     ans.add_argument("--token-budget", type=int, default=None, help="tokens kept per chunk and head (0: all)")
     ans.add_argument("--kv-mode", choices=("static", "joint", "dense", "fastdllm"), default=None)
     ans.add_argument("--position-mode", choices=("continuous", "reuse", "absolute"), default=None)
-    ans.add_argument("--scorer", choices=("draft_self_information", "self_information", "attention", "none"),
-                     default=None)
+    ans.add_argument("--scorer", choices=SCORER_NAMES, default=None)
     _add_sampling_args(ans)
 
     ev = sub.add_parser("eval", help="RULER tasks through the pipeline: JSON, markdown table, heatmap")
@@ -119,6 +120,10 @@ def _build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--dense-budget-s", type=float, default=120.0,
                     help="above this estimated time, dense runs 2 steps and is extrapolated")
     bn.add_argument("--device", default=None)
+    bn.add_argument("--scorer", choices=SCORER_NAMES, default="draft_self_information",
+                    help="chunk scorer (default: the app's, a draft then the question's likelihood)")
+    bn.add_argument("--llada-folds", type=int, default=4,
+                    help="LLaDA masking folds when scoring; 0: leave-one-out (the app's default, ~8x the rows)")
     bn.add_argument("--no-compile", action="store_true",
                     help="run the layers eagerly on CUDA (default: compiled layer halves, every mode)")
     bn.add_argument("--out", type=Path, default=Path("bench-out"))
@@ -352,13 +357,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from app import bench
+    from engine import ScoringParams
 
+    if args.llada_folds < 0:
+        print(f"error: --llada-folds must be 0 (leave-one-out) or more, got {args.llada_folds}", file=sys.stderr)
+        return EXIT_USAGE
+    scoring = ScoringParams(scorer=args.scorer, llada_folds=args.llada_folds or None)
     rows = bench.run(args.shape, args.contexts, args.answers, args.modes, args.device, args.chunk_size, args.top_k,
                      args.dense_budget_s, progress=lambda line: print(line, file=sys.stderr, flush=True),
-                     compile_layers=not args.no_compile)
+                     compile_layers=not args.no_compile, scoring=scoring)
     meta = {"shape": args.shape, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "chunk_size": args.chunk_size, "top_k": args.top_k,
-            "compile_layers": not args.no_compile,
+            "compile_layers": not args.no_compile, "scorer": args.scorer,
+            "llada_folds": args.llada_folds or "leave-one-out",
             "rule": "one token committed per step in every mode"}
     bench.write(rows, args.out, meta)
     print(bench.table(rows))

@@ -216,7 +216,7 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
     draft = None
     if sp.scorer == "draft_self_information" and not baseline:
         draft = draft_pseudo_labels(model, attention, prompt.prefix_ids + prompt.query_ids,
-                                    sp.draft_slots, sp.draft_rounds)
+                                    sp.draft_slots, sp.draft_rounds, _dynamic_layers(model, params))
     t = clock.lap("draft", t)
     rows = scoring_rows(prompt.query_ids, prompt.question_span, draft, sp.window, cfg.logits_shifted)
     candidates = [] if baseline else _pool(documents)

@@ -83,13 +83,14 @@ def _device(model: DiffusionLM) -> torch.device:
 
 @torch.inference_mode()
 def draft_pseudo_labels(model: DiffusionLM, attention: AttentionBackend, prompt_ids: list[int],
-                        slots: int, rounds: int) -> Draft:
-    """Context-free guess of the answer's first tokens (3 small forwards for D=4, R=1)."""
+                        slots: int, rounds: int, layer_fns: LayerFunctions | None = None) -> Draft:
+    """Context-free guess of the answer's first tokens (3 small forwards for D=4, R=1; `layer_fns`:
+    the layers' halves around attention, default eager)."""
     cfg, device = model.cfg, _device(model)
     n = len(prompt_ids)
     x = torch.tensor(prompt_ids, device=device)[None]
     ctx = model(x, torch.arange(n, device=device)[None], full_mask(), attention,
-                logits_rows=torch.tensor([n - 1], device=device))
+                logits_rows=torch.tensor([n - 1], device=device), layer_fns=layer_fns)
     anchor = ctx.logits[0, 0]  # predicts slot 0 for a shifted-logit model
     block = torch.full((1, slots), cfg.mask_token_id, device=device)
     positions = torch.arange(n, n + slots, device=device)[None]
@@ -97,7 +98,7 @@ def draft_pseudo_labels(model: DiffusionLM, attention: AttentionBackend, prompt_
     for _ in range(rounds + 1):
         masked = torch.nonzero(~committed)[:, 0]  # slot indices
         logits = block_logits(model, attention, block, positions, full_mask(), ctx.kv, masked,
-                              anchor if cfg.logits_shifted else None)
+                              anchor if cfg.logits_shifted else None, layer_fns)
         proposal = propose(logits, 0.0, None, None, None)
         pick = torch.argmax(proposal.confidence)
         if cfg.logits_shifted and bool(masked[0] == 0):

@@ -6,9 +6,10 @@ Random weights at the real shape, one prefilled document, the bench's question a
 (app/bench.py). For each variant of the decode step (eager layer halves, compiled ones) it answers
 twice untimed (compilation, graph capture), once timed (the trace's phases), then once under
 torch.profiler with the profiler started after the first decode step, so the table holds decode
-steps only. Scoring (`score_document`) is profiled on its own; prefill and scoring are also timed
-with eager and with compiled (dynamic-shape) layer halves. Writes `<variant>.txt` kernel tables
-and `summary.json` (phases, kernels per step, GPU-busy ms per step against wall ms).
+steps only. Scoring (`score_document`) is profiled on its own (compiled layer halves, as the app
+runs it); prefill, the draft and scoring are also timed with eager and with compiled (dynamic-shape)
+layer halves. `--sections` picks some of scoring, decode, kv_build. Writes `<variant>.txt` kernel
+tables and `summary.json` (phases, kernels per step, GPU-busy ms per step against wall ms).
 """
 
 from __future__ import annotations
@@ -24,17 +25,18 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import engine.answer as answer_mod
-from app.bench import SHAPES, _matmul_flops_per_token, _question
-from engine import AnswerParams, SamplingParams, ScoringParams
+from app.bench import BENCH_SCORING, SHAPES, _matmul_flops_per_token, _question
+from engine import AnswerParams, SamplingParams
 from engine.answer import AnswerResult, stream_answer
 from engine.attention import full_mask, select_backend
-from engine.chunk_scorer import score_document, scoring_rows
+from engine.chunk_scorer import draft_pseudo_labels, score_document, scoring_rows
 from engine.compiled_layers import compiled_layer_functions
 from engine.paged_decode import PagedDecodeCache
 from engine.prefill import prefill_document
 from engine.static_decode import build_static_context
 from engine.weights import random_model
 
+SECTIONS = ("scoring", "decode", "kv_build")
 KINDS = [("gemm", r"gemm|gemv|cutlass|sm90|matmul|splitK|nvjet"), ("split_kv", r"split_kv|_merge_kernel"),
          ("inductor", r"^triton_"), ("attention", r"flash|fmha|attention|efficient"),
          ("softmax/reduce", r"softmax|reduce|argmax|max_|topk|sort"), ("copy/index", r"copy|index|gather|scatter|cat")]
@@ -71,6 +73,7 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=4)
     ap.add_argument("--out", type=Path, default=Path("profile"))
     ap.add_argument("--device", default="cuda", help="cpu only to smoke-test the script (with --shape tiny)")
+    ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(args.device)
@@ -86,32 +89,71 @@ def main() -> None:
     prompt = _question(cfg, gen)
     sampling = SamplingParams(decoder="low_confidence", gen_length=args.answer, block_length=min(32, args.answer),
                               steps=args.answer, stop_at_eos=False)
-    scoring = ScoringParams(scorer="self_information", llada_folds=4)
+    scoring = BENCH_SCORING
     summary: dict = {"shape": args.shape, "context": args.context, "answer": args.answer,
                      "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
                      "torch": torch.__version__, "variants": {}}
 
-    rows = scoring_rows(prompt.query_ids, prompt.question_span, None, scoring.window, cfg.logits_shifted)
-    flops = _matmul_flops_per_token(cfg) * args.context
-    for name, fns in (("eager", None), ("compiled_dynamic", compiled_layer_functions(dynamic=True))):
+    compiled = compiled_layer_functions(dynamic=True) if dev.type == "cuda" else None
+    draft_args = (model, attention, prompt.prefix_ids + prompt.query_ids, scoring.draft_slots, scoring.draft_rounds)
+    draft = draft_pseudo_labels(*draft_args, layer_fns=compiled)
+    rows = scoring_rows(prompt.query_ids, prompt.question_span, draft, scoring.window, cfg.logits_shifted)
+    doc = prefill_document(model, attention, tokens, args.chunk_size, layer_fns=compiled)
+    if "scoring" in args.sections:
+        summary["scoring"] = _profile_scoring(model, attention, doc, rows, scoring, draft_args, tokens, args, sync,
+                                              activities, sort_by)
+        print("scoring", json.dumps(summary["scoring"], indent=1), flush=True)
+    if "decode" in args.sections:
+        summary["variants"] = _profile_decode(model, attention, doc, prompt, scoring, sampling, args, sync,
+                                              activities, sort_by)
+    if "kv_build" in args.sections:
+        summary["kv_build"] = _profile_kv_build(model, attention, doc, prompt, rows, scoring, sampling, args, sync,
+                                                activities, sort_by)
+        print("kv_build", json.dumps(summary["kv_build"], indent=1), flush=True)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
+def _profile_scoring(model, attention, doc, rows, scoring, draft_args, tokens, args, sync, activities,
+                     sort_by) -> dict:
+    """Draft and scoring timed with eager and compiled (dynamic-shape) layer halves, prefill too;
+    one kernel table of compiled scoring by GPU time (`scoring.txt`) and by host time
+    (`scoring_cpu.txt`)."""
+    out = {}
+    flops = _matmul_flops_per_token(model.cfg) * args.context
+    variants = [("eager", None)]
+    if model.embed_tokens.weight.is_cuda:
+        variants.append(("compiled_dynamic", compiled_layer_functions(dynamic=True)))
+    for name, fns in variants:
         t = time.perf_counter()
-        doc = prefill_document(model, attention, tokens, args.chunk_size, layer_fns=fns)
         score_document(model, attention, doc, rows, scoring, layer_fns=fns)
         first = time.perf_counter() - t
         prefill_s = _seconds(partial(prefill_document, model, attention, tokens, args.chunk_size, layer_fns=fns),
                              sync, 2)
-        scoring_s = _seconds(partial(score_document, model, attention, doc, rows, scoring, layer_fns=fns), sync, 3)
-        summary[f"prefill_scoring_{name}"] = {"first_prefill_and_scoring_s": first, "prefill_s": prefill_s,
-                                              "prefill_tflops": flops / prefill_s / 1e12, "scoring_s": scoring_s}
-        print(name, summary[f"prefill_scoring_{name}"], flush=True)
-    for _ in range(2):
-        score_document(model, attention, doc, rows, scoring)
+        draft_s = _seconds(partial(draft_pseudo_labels, *draft_args, layer_fns=fns), sync, 5)
+        scoring_s = _seconds(partial(score_document, model, attention, doc, rows, scoring, layer_fns=fns), sync, 5)
+        out[name] = {"first_scoring_s": first, "prefill_s": prefill_s, "prefill_tflops": flops / prefill_s / 1e12,
+                     "draft_s": draft_s, "scoring_s": scoring_s, "scored_rows": doc.num_chunks * rows.ids.numel()}
+        print(name, out[name], flush=True)
+    fns = variants[-1][1]
+    sync()
     with profile(activities=activities) as prof:
-        score_document(model, attention, doc, rows, scoring)
+        t = time.perf_counter()
+        score_document(model, attention, doc, rows, scoring, layer_fns=fns)
         sync()
-    (args.out / "scoring.txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=40))
-    summary["scoring_kernels"] = _kernel_summary(prof, 1)
+        out["profiled_wall_ms"] = 1000 * (time.perf_counter() - t)
+    (args.out / "scoring.txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=45))
+    (args.out / "scoring_cpu.txt").write_text(prof.key_averages().table(sort_by="cpu_time_total", row_limit=45))
+    kernels = _kernel_summary(prof, 1)
+    out["gpu_busy_ms"] = sum(k["ms_per_step"] for k in kernels.values())
+    out["kernels"] = sum(k["kernels_per_step"] for k in kernels.values())
+    out["by_kind"] = kernels
+    return out
 
+
+def _profile_decode(model, attention, doc, prompt, scoring, sampling, args, sync, activities, sort_by) -> dict:
+    """Decode steps with eager and with compiled layer halves: phases of a whole question, then one
+    kernel table of its steps (`<variant>.txt`)."""
+    variants = {}
     for variant, compiled in (("eager_layers", False), ("compiled_layers", True)):
         params = AnswerParams(top_k=args.top_k, scoring=scoring, sampling=sampling, compile_layers=compiled)
         t = time.perf_counter()
@@ -136,17 +178,14 @@ def main() -> None:
         prof.stop()
         (args.out / f"{variant}.txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=40))
         kernels = _kernel_summary(prof, steps)
-        summary["variants"][variant] = {
+        variants[variant] = {
             "static_layout": result.trace.static_layout, "first_two_questions_s": warm_s, "question_s": total,
             "phases": result.trace.timings,
             "step_ms_profiled_wall": 1000 * wall / steps, "steps_profiled": steps,
             "gpu_busy_ms_per_step": sum(k["ms_per_step"] for k in kernels.values()),
             "kernels_per_step": sum(k["kernels_per_step"] for k in kernels.values()), "by_kind": kernels}
-        print(variant, json.dumps(summary["variants"][variant], indent=1), flush=True)
-    summary["kv_build"] = _profile_kv_build(model, attention, doc, prompt, rows, scoring, sampling, args, sync,
-                                            activities, sort_by)
-    print("kv_build", json.dumps(summary["kv_build"], indent=1), flush=True)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        print(variant, json.dumps(variants[variant], indent=1), flush=True)
+    return variants
 
 
 def _profile_kv_build(model, attention, doc, prompt, rows, scoring, sampling, args, sync, activities, sort_by) -> dict:

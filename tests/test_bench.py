@@ -17,7 +17,7 @@ def test_bench_runs_every_mode_with_the_same_rule(tmp_path):
         assert r.extrapolated == (r.mode == "dense")  # a zero budget forces dense extrapolation
         assert r.cached_question_s > 0 and r.first_question_s > r.prefill_s
         if r.mode in ("static", "joint"):  # first: prefill + one question; cached: another question
-            assert r.prefill_s > 0 and {"scoring", "kv_build", "decode"} <= set(r.phases)
+            assert r.prefill_s > 0 and {"draft", "scoring", "kv_build", "decode"} <= set(r.phases)
         else:  # the baselines' KV depends on the question: their first question is their cached one
             assert r.first_question_s == r.cached_question_s
     bench.write(rows, tmp_path, {"shape": "tiny"})

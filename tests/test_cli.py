@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -47,3 +48,21 @@ def test_answer_over_a_text_file(llada_dir, tmp_path):
     assert "notes.txt chunk" in res.stderr and "scoring" in res.stderr
     res = run_cli("answer", "--model", str(llada_dir), "q", str(tmp_path / "missing.txt"))
     assert res.returncode == 2 and res.stderr.strip() == f"docqa: no such file: {tmp_path / 'missing.txt'}"
+
+
+def test_scorer_choices_match_the_engine():
+    from app.cli import SCORER_NAMES
+    from engine.scoring import SCORERS
+
+    assert SCORER_NAMES == SCORERS
+
+
+def test_bench_command_on_the_tiny_shape(tmp_path):
+    res = run_cli("bench", "--shape", "tiny", "--contexts", "128", "--answers", "32", "--modes", "static",
+                  "--chunk-size", "32", "--top-k", "2", "--device", "cpu", "--llada-folds", "0",
+                  "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    meta = json.loads((tmp_path / "bench.json").read_text())["meta"]
+    assert meta["scorer"] == "draft_self_information" and meta["llada_folds"] == "leave-one-out"
+    res = run_cli("bench", "--shape", "tiny", "--llada-folds", "-1", "--out", str(tmp_path))
+    assert res.returncode == 2 and "--llada-folds" in res.stderr and "Traceback" not in res.stderr

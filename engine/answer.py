@@ -127,8 +127,13 @@ def _pool(documents: Sequence[DocumentKV]) -> list[ChunkRef]:
     return [ChunkRef(d, c) for d, doc in enumerate(documents) for c in range(doc.num_chunks)]
 
 
-def _score_all(model, attention, documents, rows, params: ScoringParams, layer_fns: LayerFunctions | None = None):
-    per_doc = [score_document(model, attention, doc, rows, params, layer_fns) for doc in documents]
+def _score_all(model, attention, documents, rows, params: ScoringParams, layer_fns: LayerFunctions | None = None,
+               cache: PagedDecodeCache | None = None):
+    passes = None
+    if cache is not None:  # the engine keeps the passes (and their captured graphs) across questions
+        def passes(doc, start, end, shape):
+            return cache.scoring_pass(model, attention, doc, start, end, shape, layer_fns)
+    per_doc = [score_document(model, attention, doc, rows, params, layer_fns, passes) for doc in documents]
     scores = torch.cat([s.scores for s in per_doc]) if per_doc else torch.zeros(0)
     layers = model.cfg.num_layers
     anchors = torch.cat([s.anchors for s in per_doc]) if per_doc else torch.zeros(0, layers)
@@ -215,15 +220,21 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
     baseline = params.kv_mode in ("dense", "fastdllm")  # no chunking, nothing to score
     draft = None
     if sp.scorer == "draft_self_information" and not baseline:
-        draft = draft_pseudo_labels(model, attention, prompt.prefix_ids + prompt.query_ids,
-                                    sp.draft_slots, sp.draft_rounds, _dynamic_layers(model, params))
+        prompt_ids = prompt.prefix_ids + prompt.query_ids
+        if paged_cache is not None:  # one captured graph per padded prompt length, kept by the engine
+            draft = paged_cache.draft_pass(model, attention, len(prompt_ids), sp.draft_slots, sp.draft_rounds,
+                                           device.type == "cuda", _dynamic_layers(model, params))(prompt_ids)
+        else:
+            draft = draft_pseudo_labels(model, attention, prompt_ids, sp.draft_slots, sp.draft_rounds,
+                                        _dynamic_layers(model, params))
     t = clock.lap("draft", t)
     rows = scoring_rows(prompt.query_ids, prompt.question_span, draft, sp.window, cfg.logits_shifted)
     candidates = [] if baseline else _pool(documents)
     if baseline:
         scores, anchors_scoring = torch.zeros(0), torch.zeros(0, cfg.num_layers)
     else:
-        scores, anchors_scoring = _score_all(model, attention, documents, rows, sp, _dynamic_layers(model, params))
+        scores, anchors_scoring = _score_all(model, attention, documents, rows, sp, _dynamic_layers(model, params),
+                                             paged_cache)
     t = clock.lap("scoring", t)
     chosen = _select(scores, params) if candidates else torch.zeros(0, dtype=torch.long)
     refs = [candidates[i] for i in chosen.tolist()]
@@ -336,7 +347,7 @@ def _method_runner(model, attention, documents, prompt, rows, refs, chosen, para
             rows, ids=torch.cat((torch.tensor(prompt.query_ids), torch.tensor(done))),
             targets=torch.cat((rows.targets[:len(prompt.query_ids)], torch.ones(len(done), dtype=torch.bool))))
         new_scores, _ = _score_all(model, attention, documents, new_rows, params.scoring,
-                                   _dynamic_layers(model, params))
+                                   _dynamic_layers(model, params), paged_cache)
         new_chosen = _select(new_scores, params)
         pool = _pool(documents)
         new_refs = [pool[i] for i in new_chosen.tolist()]

@@ -15,18 +15,19 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
 
 from engine.attention import AttentionBackend, dense_mask, full_mask
-from engine.decode import block_logits
+from engine.cuda_graphs import GraphedCall
+from engine.decode import slot_logits_from_rows
 from engine.kv_cache import DocumentKV
 from engine.model import AttentionCapture, DiffusionLM, LayerFunctions
 from engine.sampling import propose
 from engine.scoring import (
     SCORERS,
-    attention_mass,
     causal_target_rows,
     chunk_token_relevance,
     gather_log_probs,
@@ -43,7 +44,7 @@ class ScoringParams:
     window: int = 8  # W: last query rows used for anchors and token relevance
     llada_folds: int | None = None  # None: leave-one-out; k: k strided folds (cheaper)
     attention_layers: int = 4  # the "attention" scorer averages the last this many layers
-    max_rows: int = 2048  # bound on query rows per scoring forward (batching)
+    max_rows: int = 4096  # bound on query rows per scoring forward (batching)
 
     def __post_init__(self) -> None:
         if self.scorer not in SCORERS:
@@ -81,31 +82,85 @@ def _device(model: DiffusionLM) -> torch.device:
     return model.embed_tokens.weight.device
 
 
+DRAFT_ROUND = 16  # the prompt is padded to a multiple of this: one captured graph serves many questions
+
+
+def draft_rows(prompt_len: int) -> int:
+    """Padded prompt rows of the draft pass."""
+    return -(-prompt_len // DRAFT_ROUND) * DRAFT_ROUND
+
+
+class DraftPass:
+    """The draft as fixed-shape device work, for prompts of up to `rows` tokens.
+
+    The prompt is padded to `rows` (padding is masked out as keys, so no real row sees it); every
+    round proposes all D slots and picks the most confident uncommitted one on the device, so
+    nothing reads back to the host until the end: on CUDA the whole draft is one captured graph.
+    A shifted-logit model (Dream) commits slot 0 first, from the prompt's last row, which needs no
+    block forward: D=4, R=1 costs 2 forwards for Dream and 3 for LLaDA.
+    """
+
+    def __init__(self, model: DiffusionLM, attention: AttentionBackend, rows: int, slots: int, rounds: int,
+                 use_graph: bool, layer_fns: LayerFunctions | None) -> None:
+        cfg, device = model.cfg, _device(model)
+        self.model, self.attention, self.rows, self.slots, self.rounds = model, attention, rows, slots, rounds
+        self.layer_fns = layer_fns
+        self.ids = torch.zeros(1, rows, dtype=torch.long, device=device)
+        self.positions = torch.arange(rows, device=device)[None]
+        self.key_valid = torch.zeros(1, rows + slots, dtype=torch.bool, device=device)  # prompt rows, then slots
+        self.key_valid[0, rows:] = True
+        self.last_row = torch.zeros(1, dtype=torch.long, device=device)
+        self.block_positions = torch.zeros(1, slots, dtype=torch.long, device=device)
+        # Block row r predicts slot r + 1 for a shifted model (slot 0 comes from the prompt's last row).
+        slot_ids = torch.arange(slots, device=device)
+        self.slot_ids = slot_ids
+        self.block_rows = (slot_ids - 1).clamp_min(0) if cfg.logits_shifted else slot_ids
+        self._call = GraphedCall(self._run, use_graph, "draft")
+
+    def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg, model = self.model.cfg, self.model
+        ctx = model(self.ids, self.positions, full_mask(self.key_valid[:, :self.rows]), self.attention,
+                    logits_rows=self.last_row, layer_fns=self.layer_fns)
+        anchor = ctx.logits[0, 0]  # [V]: predicts slot 0 for a shifted-logit model
+        block = torch.full((1, self.slots), cfg.mask_token_id, dtype=torch.long, device=self.ids.device)
+        committed = torch.zeros(self.slots, dtype=torch.bool, device=self.ids.device)
+        for round_ in range(self.rounds + 1):
+            if cfg.logits_shifted and round_ == 0:
+                # Slot 0 follows the prompt: commit it first, from the anchor alone.
+                block[0, 0] = propose(anchor[None], 0.0, None, None, None).tokens[0]
+                committed[0] = True
+                continue
+            out = model(block, self.block_positions, full_mask(self.key_valid), self.attention, past=ctx.kv,
+                        logits_rows=self.block_rows, return_kv=False, layer_fns=self.layer_fns)
+            logits = slot_logits_from_rows(out.logits[0], self.slot_ids, anchor, cfg.logits_shifted)  # [D, V]
+            proposal = propose(logits, 0.0, None, None, None)
+            pick = torch.argmax(proposal.confidence.masked_fill(committed, float("-inf")))
+            block[0].index_copy_(0, pick[None], proposal.tokens[pick][None])
+            committed.index_fill_(0, pick[None], True)
+        return block[0], committed
+
+    def __call__(self, prompt_ids: list[int]) -> Draft:
+        n = len(prompt_ids)
+        assert 0 < n <= self.rows, f"prompt of {n} tokens, pass of {self.rows} rows"
+        ids = torch.full((1, self.rows), self.model.cfg.mask_token_id, dtype=torch.long)
+        ids[0, :n] = torch.tensor(prompt_ids)
+        self.ids.copy_(ids)
+        self.key_valid[0, :self.rows] = self.positions[0] < n
+        self.last_row.fill_(n - 1)
+        self.block_positions.copy_(n + self.slot_ids[None])
+        tokens, committed = self._call()
+        return Draft(tokens=tokens.cpu(), committed=committed.cpu())
+
+
 @torch.inference_mode()
 def draft_pseudo_labels(model: DiffusionLM, attention: AttentionBackend, prompt_ids: list[int],
-                        slots: int, rounds: int, layer_fns: LayerFunctions | None = None) -> Draft:
-    """Context-free guess of the answer's first tokens (3 small forwards for D=4, R=1; `layer_fns`:
-    the layers' halves around attention, default eager)."""
-    cfg, device = model.cfg, _device(model)
-    n = len(prompt_ids)
-    x = torch.tensor(prompt_ids, device=device)[None]
-    ctx = model(x, torch.arange(n, device=device)[None], full_mask(), attention,
-                logits_rows=torch.tensor([n - 1], device=device), layer_fns=layer_fns)
-    anchor = ctx.logits[0, 0]  # predicts slot 0 for a shifted-logit model
-    block = torch.full((1, slots), cfg.mask_token_id, device=device)
-    positions = torch.arange(n, n + slots, device=device)[None]
-    committed = torch.zeros(slots, dtype=torch.bool, device=device)
-    for _ in range(rounds + 1):
-        masked = torch.nonzero(~committed)[:, 0]  # slot indices
-        logits = block_logits(model, attention, block, positions, full_mask(), ctx.kv, masked,
-                              anchor if cfg.logits_shifted else None, layer_fns)
-        proposal = propose(logits, 0.0, None, None, None)
-        pick = torch.argmax(proposal.confidence)
-        if cfg.logits_shifted and bool(masked[0] == 0):
-            pick = torch.tensor(0, device=device)  # slot 0 follows the prompt: commit it first
-        block[0, masked[pick]] = proposal.tokens[pick]
-        committed[masked[pick]] = True
-    return Draft(tokens=block[0].cpu(), committed=committed.cpu())
+                        slots: int, rounds: int, layer_fns: LayerFunctions | None = None,
+                        rows: int | None = None) -> Draft:
+    """Context-free guess of the answer's first tokens: [prefix, query] + D mask slots, the R + 1
+    most confident committed (eager; `rows`: pad the prompt to this many rows, default its length).
+    Engines keep a `DraftPass` per padded length instead (engine.paged_decode.PagedDecodeCache)."""
+    draft = DraftPass(model, attention, rows or len(prompt_ids), slots, rounds, False, layer_fns)
+    return draft(prompt_ids)
 
 
 def scoring_rows(query_ids: list[int], question_span: tuple[int, int], draft: Draft | None,
@@ -123,22 +178,167 @@ def scoring_rows(query_ids: list[int], question_span: tuple[int, int], draft: Dr
     return ScoringRows(ids=ids, targets=targets, window=torch.arange(len(query_ids) - w, len(query_ids)))
 
 
-def _chunk_batches(n_chunks: int, rows_per_chunk: int, max_rows: int):
+SCORING_ROUND = 8  # a fold's rows are padded to a multiple of this: one captured graph serves similar questions
+
+
+@dataclass(frozen=True)
+class ScoringLayout:
+    """One chunk's scoring rows as a batch item: F folds of R padded rows side by side, sharing the
+    chunk's KV (each fold sees the chunk and its own real rows only), so no fold copies the KV.
+    Positions continue the chunk's local ones (row r of a fold sits at chunk length + r)."""
+
+    ids: torch.Tensor  # [F*R] long: the rows' tokens, each fold's hidden targets masked; padding = mask id
+    offsets: torch.Tensor  # [F*R] long: r, the row's index within its fold
+    row_mask: torch.Tensor  # [F*R, F*R] bool: which rows a row attends to
+    read: torch.Tensor  # [F*T'] long: rows whose logits score a target (T' = targets per fold, padded)
+    read_tokens: torch.Tensor  # [F*T'] long: the token each read row is scored on
+    read_valid: torch.Tensor  # [F*T'] bool: False for padding
+    window: torch.Tensor  # [W] long: fold 0's last W query rows (anchors, token relevance)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """What a captured scoring graph depends on: rows, read rows, window rows per batch item."""
+        return self.ids.numel(), self.read.numel(), self.window.numel()
+
+
+def scoring_layout(rows: ScoringRows, folds: torch.Tensor | None, shifted: bool, mask_token_id: int,
+                   round_to: int = SCORING_ROUND) -> ScoringLayout:
+    """Pure: the batch item every chunk is scored with. `folds` (bool [F, n], masked likelihood):
+    fold f hides its targets and reads them in place; None (shifted logits): one causal fold, each
+    target read from the row before it."""
+    n = rows.ids.numel()
+    pad = -(-n // round_to) * round_to
+    plan = torch.zeros(1, n, dtype=torch.bool) if folds is None else folds
+    n_folds = plan.shape[0]
+    ids = torch.full((n_folds, pad), mask_token_id, dtype=torch.long)
+    ids[:, :n] = rows.ids
+    ids[:, :n][plan] = mask_token_id
+    local = torch.arange(pad)
+    fold_of = torch.arange(n_folds * pad) // pad
+    seen = (fold_of[:, None] == fold_of[None, :]) & (local.repeat(n_folds) < n)[None, :]
+    if shifted:
+        seen &= local.repeat(n_folds)[None, :] <= local.repeat(n_folds)[:, None]
+    if folds is None:
+        per_fold_read = [causal_target_rows(rows.targets)]
+        per_fold_tokens = [rows.ids[rows.targets]]
+    else:
+        per_fold_read = [torch.nonzero(f)[:, 0] for f in plan]
+        per_fold_tokens = [rows.ids[f] for f in plan]
+    width = -(-max(max(r.numel() for r in per_fold_read), 1) // round_to) * round_to
+    read = torch.zeros(n_folds, width, dtype=torch.long)
+    tokens = torch.zeros(n_folds, width, dtype=torch.long)
+    valid = torch.zeros(n_folds, width, dtype=torch.bool)
+    for f, (r, t) in enumerate(zip(per_fold_read, per_fold_tokens, strict=True)):
+        read[f, :r.numel()] = r + f * pad
+        tokens[f, :t.numel()] = t
+        valid[f, :r.numel()] = True
+    return ScoringLayout(ids=ids.flatten(), offsets=local.repeat(n_folds), row_mask=seen, read=read.flatten(),
+                         read_tokens=tokens.flatten(), read_valid=valid.flatten(), window=rows.window)
+
+
+def chunk_batches(n_chunks: int, rows_per_chunk: int, max_rows: int) -> list[tuple[int, int]]:
+    """[start, end) chunk ranges of at most `max_rows` scored rows each (at least one chunk)."""
     step = max(1, max_rows // max(rows_per_chunk, 1))
-    for start in range(0, n_chunks, step):
-        yield start, min(n_chunks, start + step)
+    return [(start, min(n_chunks, start + step)) for start in range(0, n_chunks, step)]
 
 
-def _past(doc: DocumentKV, start: int, end: int, device: torch.device, repeat: int = 1):
-    """Per-layer (k, v) of chunks [start, end), each repeated `repeat` times along the batch."""
-    out = []
-    for layer in range(doc.num_layers):
-        k = doc.keys[layer, start:end].to(device, non_blocking=True)
-        v = doc.values[layer, start:end].to(device, non_blocking=True)
-        if repeat > 1:
-            k, v = k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)
-        out.append((k, v))
-    return out
+def _attention_summary(chunk_size: int):
+    """Reduces one layer's captured probs [b, Hq, W, Tk] (chunk keys first) to [b, 2]: the mass on
+    the chunk's BOS and on its other tokens, each averaged over heads and window rows."""
+    def reduce(probs: torch.Tensor) -> torch.Tensor:
+        bos = probs[..., 0].mean(dim=(1, 2))
+        content = probs[..., 1:chunk_size].sum(-1).mean(dim=(1, 2))  # masked keys hold exactly 0
+        return torch.stack((bos, content), -1)
+    return reduce
+
+
+class ScoringPass:
+    """One scoring forward over chunks [start, end) of a document, for layouts of one shape:
+    fixed-address inputs filled per question; eager, or one captured CUDA graph. Returns the read
+    rows' log-probabilities [b, F*T'] fp32 and the attention summary [b, L, 2] (BOS, content)."""
+
+    def __init__(self, model: DiffusionLM, attention: AttentionBackend, doc: DocumentKV, start: int, end: int,
+                 shape: tuple[int, int, int], use_graph: bool, layer_fns: LayerFunctions | None,
+                 pool: tuple | None = None) -> None:
+        cfg, device = model.cfg, _device(model)
+        rows, read, window = shape
+        b, c = end - start, doc.chunk_size
+        self.model, self.attention, self.layer_fns, self.shape = model, attention, layer_fns, shape
+        # Weak references: a kept pass must not keep the document's KV alive (a captured graph
+        # reads it by address, and is only replayed while `keys_ref()` is the document's KV).
+        self.keys_ref, self.values_ref = weakref.ref(doc.keys), weakref.ref(doc.values)
+        self.start, self.end = start, end
+        self.lengths = doc.lengths[start:end].to(device)
+        self.ids = torch.zeros(b, rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(b, rows, dtype=torch.long, device=device)
+        self.mask = torch.zeros(b, 1, rows, c + rows, dtype=torch.bool, device=device)  # [b, 1, rows, C + rows]
+        self.mask[:, 0, :, :c] = (torch.arange(c, device=device)[None, :] < self.lengths[:, None])[:, None, :]
+        self.read = torch.zeros(read, dtype=torch.long, device=device)
+        self.read_tokens = torch.zeros(read, dtype=torch.long, device=device)
+        self.window = torch.zeros(window, dtype=torch.long, device=device)
+        self.capture = AttentionCapture(tuple(range(cfg.num_layers)), self.window, _attention_summary(c))
+        self._call = GraphedCall(self._run, use_graph, "scoring pass", pool)
+
+    def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values, device = self.keys_ref(), self.values_ref(), self.ids.device
+        past = [(keys[layer, self.start:self.end].to(device), values[layer, self.start:self.end].to(device))
+                for layer in range(self.model.cfg.num_layers)]  # [b, Hkv, C, D] views (copies if on another device)
+        out = self.model(self.ids, self.positions, dense_mask(self.mask), self.attention, past=past,
+                         logits_rows=self.read, capture=self.capture, return_kv=False, layer_fns=self.layer_fns)
+        summary = torch.stack([out.attention[i] for i in range(self.model.cfg.num_layers)], 1)  # [b, L, 2]
+        # log p(token) per read row, a few chunks at a time: the fp32 log-softmax over the
+        # vocabulary is the largest temporary of the pass.
+        lp = torch.cat([gather_log_probs(part, self.read_tokens[None].expand(part.shape[0], -1))
+                        for part in out.logits.split(16)])  # [b, F*T']
+        return lp, summary
+
+    def __call__(self, layout: ScoringLayout) -> tuple[torch.Tensor, torch.Tensor]:
+        assert layout.shape == self.shape
+        device = self.ids.device
+        c = self.mask.shape[-1] - self.shape[0]
+        self.ids.copy_(layout.ids.to(device)[None].expand_as(self.ids))
+        self.positions.copy_(self.lengths[:, None] + layout.offsets.to(device)[None])
+        self.mask[:, 0, :, c:] = layout.row_mask.to(device)[None]
+        self.read.copy_(layout.read)
+        self.read_tokens.copy_(layout.read_tokens)
+        self.window.copy_(layout.window)
+        return self._call()
+
+
+@torch.inference_mode()
+def score_document(model: DiffusionLM, attention: AttentionBackend, doc: DocumentKV,
+                   rows: ScoringRows, params: ScoringParams,
+                   layer_fns: LayerFunctions | None = None, passes=None) -> DocumentScores:
+    """Scores every chunk of one document in batched passes over its cached KV (`layer_fns`: the
+    layers' halves around attention, default eager; `passes(doc, start, end, shape)`: where to get
+    a kept ScoringPass from, e.g. one with a captured graph; default a new eager one)."""
+    cfg = model.cfg
+    likelihood = params.scorer in ("draft_self_information", "self_information")
+    folds = masking_folds(rows.targets, params.llada_folds) if likelihood and not cfg.logits_shifted else None
+    layout = scoring_layout(rows, folds, cfg.logits_shifted, cfg.mask_token_id)
+    scores = torch.empty(doc.num_chunks)
+    anchors = torch.empty(doc.num_chunks, cfg.num_layers)
+    for start, end in chunk_batches(doc.num_chunks, layout.shape[0], params.max_rows):
+        if passes is None:
+            forward = ScoringPass(model, attention, doc, start, end, layout.shape, False, layer_fns)
+        else:
+            forward = passes(doc, start, end, layout.shape)
+        log_probs, summary = forward(layout)
+        anchors[start:end] = summary[..., 0].cpu()
+        if params.scorer == "attention":
+            scores[start:end] = summary[:, -params.attention_layers:, 1].mean(1).cpu()
+        elif params.scorer == "none":
+            scores[start:end] = -torch.arange(start, end, dtype=torch.float32)
+        else:
+            read = layout.read_valid.to(log_probs.device)[None].expand_as(log_probs)
+            scores[start:end] = mean_over_targets(log_probs, read).cpu()
+    return DocumentScores(scores=scores, anchors=anchors)
+
+
+def _past(doc: DocumentKV, start: int, end: int, device: torch.device):
+    """Per-layer (k, v) of chunks [start, end) on `device`."""
+    return [(doc.keys[layer, start:end].to(device, non_blocking=True),
+             doc.values[layer, start:end].to(device, non_blocking=True)) for layer in range(doc.num_layers)]
 
 
 def _rows_mask(lengths: torch.Tensor, c: int, n: int, causal: bool, device) -> torch.Tensor:
@@ -150,69 +350,6 @@ def _rows_mask(lengths: torch.Tensor, c: int, n: int, causal: bool, device) -> t
     b = lengths.numel()
     keys = chunk_keys[:, None, :].expand(b, n, c)
     return torch.cat((keys, rows[None].expand(b, n, n)), dim=-1)[:, None]
-
-
-@torch.inference_mode()
-def score_document(model: DiffusionLM, attention: AttentionBackend, doc: DocumentKV,
-                   rows: ScoringRows, params: ScoringParams,
-                   layer_fns: LayerFunctions | None = None) -> DocumentScores:
-    """Scores every chunk of one document in batched passes over its cached KV (`layer_fns`: the
-    layers' halves around attention, default eager)."""
-    cfg, device = model.cfg, _device(model)
-    n_chunks, c, n = doc.num_chunks, doc.chunk_size, rows.ids.numel()
-    scores = torch.empty(n_chunks)
-    anchors = torch.empty(n_chunks, cfg.num_layers)
-    capture = AttentionCapture(layers=tuple(range(cfg.num_layers)), query_rows=rows.window.to(device))
-    likelihood = params.scorer in ("draft_self_information", "self_information")
-    folds = None
-    if likelihood and not cfg.logits_shifted:
-        folds = masking_folds(rows.targets, params.llada_folds)  # [F, n]
-    copies = 1 if folds is None else folds.shape[0]
-    for start, end in _chunk_batches(n_chunks, n * copies, params.max_rows):
-        b = end - start
-        lengths = doc.lengths[start:end]
-        ids = rows.ids.to(device)[None].expand(b * copies, n).clone()
-        if folds is not None:
-            hidden = folds.to(device).repeat(b, 1)  # [b*F, n], fold f of every chunk
-            ids[hidden] = cfg.mask_token_id
-        pos = lengths.to(device).repeat_interleave(copies)[:, None] + torch.arange(n, device=device)
-        mask = _rows_mask(lengths.repeat_interleave(copies), c, n, cfg.logits_shifted, device)
-        logits_rows = None
-        if likelihood and folds is None:
-            logits_rows = causal_target_rows(rows.targets).to(device)
-        elif likelihood:
-            # Each fold reads only its hidden rows; pad to the same count with row 0 (ignored).
-            per_fold = [torch.nonzero(f)[:, 0] for f in folds]
-            width = max(r.numel() for r in per_fold)
-            table = torch.stack([torch.cat((r, r.new_zeros(width - r.numel()))) for r in per_fold])
-            logits_rows = table.to(device).repeat(b, 1)  # [b*F, width]
-        out = model(ids, pos, dense_mask(mask), attention,
-                    past=_past(doc, start, end, device, copies), logits_rows=logits_rows,
-                    capture=capture, return_kv=False, layer_fns=layer_fns)
-        probs = torch.stack([out.attention[layer] for layer in range(cfg.num_layers)], 1)
-        probs = probs[::copies]  # [b, L, Hq, W, C + n], from the first fold (nothing hidden
-        # in the window unless it holds a target)
-        anchors[start:end] = probs[..., 0].mean(dim=(2, 3)).cpu()
-        if params.scorer == "attention":
-            chunk_keys = torch.arange(c + n, device=device)[None, :] < lengths.to(device)[:, None]
-            chunk_keys[:, 0] = False  # BOS is a sink, not content
-            last = probs[:, -params.attention_layers:]  # [b, l, Hq, W, Tk]
-            mass = attention_mass(last.flatten(1, 2), chunk_keys)  # [b, l*Hq, W]
-            scores[start:end] = mass.mean(dim=(1, 2)).cpu()
-        elif params.scorer == "none":
-            scores[start:end] = -torch.arange(start, end, dtype=torch.float32)
-        elif folds is None:
-            tgt = rows.ids[rows.targets].to(device)
-            lp = gather_log_probs(out.logits, tgt[None].expand(b, -1))  # [b, T]
-            scores[start:end] = mean_over_targets(lp, torch.ones_like(lp, dtype=torch.bool)).cpu()
-        else:
-            true = rows.ids.to(device)[logits_rows]  # [b*F, width] true tokens at the read rows
-            lp = gather_log_probs(out.logits, true)
-            read = torch.stack([torch.arange(width) < f.sum() for f in folds]).to(device).repeat(b, 1)
-            lp = torch.where(read, lp, torch.zeros_like(lp)).view(b, copies * width)
-            read = read.view(b, copies * width)
-            scores[start:end] = mean_over_targets(lp, read).cpu()
-    return DocumentScores(scores=scores, anchors=anchors)
 
 
 @torch.inference_mode()

@@ -42,6 +42,9 @@ class AttentionCapture:
 
     layers: tuple[int, ...]
     query_rows: torch.Tensor  # [R] long
+    # Applied to each captured layer's probabilities before they are kept, when only a summary of
+    # them is needed (keeps [B, Hq, R, Tk] fp32 per layer from piling up).
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass
@@ -239,7 +242,7 @@ class DiffusionLM(nn.Module):
             if return_kv:
                 new_kv.append(kv)
             if probs is not None:
-                captured[i] = probs
+                captured[i] = probs if capture.reduce is None else capture.reduce(probs)
         return ModelOutput(logits=self._logits(h, logits_rows), kv=new_kv if return_kv else None,
                            attention=captured)
 

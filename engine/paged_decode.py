@@ -20,7 +20,6 @@ concatenated per question, and that pass too replays a captured graph.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 
 import torch
@@ -34,14 +33,14 @@ from engine.attention.split_kv import (
     split_kv_attention,
     split_kv_reference,
 )
+from engine.chunk_scorer import DraftPass, ScoringPass, draft_rows
+from engine.cuda_graphs import GraphedCall
 from engine.decode import slot_logits_from_rows
 from engine.kv_cache import DocumentKV
 from engine.model import AttendingCache, DiffusionLM, LayerFunctions, LayerKV
 from engine.rope import shift_cos_sin
 from engine.sampling import prediction_rows
 from engine.static_decode import SelectedChunks
-
-logger = logging.getLogger(__name__)
 
 
 def _write_and_attend(kv: PagedKV, plan: SplitPlan, slots: torch.Tensor, use_kernel: bool, q: torch.Tensor,
@@ -84,6 +83,9 @@ class _QueryPassLayer:
 TAIL_ROUND = 128  # tail capacity is rounded up to this, so questions of similar length share a layout
 QUERY_ROUND = 16  # the question's rows are padded to a multiple of this (one captured pass per size)
 MAX_QUERY_PASSES = 4  # question passes (sizes) a PagedDecodeCache keeps, least recently used dropped
+# Scoring passes kept: a 128K-token document at Dream-7B's shape is scored in 3 passes per question
+# size. Their graphs share one memory pool, so what each one keeps is its small outputs.
+MAX_SCORING_PASSES = 8
 
 
 def query_rows(query_len: int) -> int:
@@ -181,9 +183,11 @@ class _BlockForward:
         self.layer_fns = layer_fns
         self.ids = torch.zeros(1, length, dtype=torch.long, device=device)
         self.positions = torch.zeros(1, length, dtype=torch.long, device=device)
-        self.use_graph = use_graph
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.out: torch.Tensor | None = None
+        self._call = GraphedCall(lambda: self._run(self.layer_fns), use_graph, "decode step")
+
+    @property
+    def use_graph(self) -> bool:
+        return self._call.use_graph
 
     def _run(self, layer_fns: LayerFunctions | None) -> torch.Tensor | None:
         logits = self.model(self.ids, self.positions, full_mask(), self.attention, past=self.layers,
@@ -191,33 +195,11 @@ class _BlockForward:
         return None if logits is None else logits[0]
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
+        # Warm-up and capture (first call) run the real inputs, so the KV they write into the
+        # active slots is the step's own.
         self.ids.copy_(ids)
         self.positions.copy_(positions)
-        if self.use_graph and self.graph is None:
-            self._capture()
-        if self.graph is not None:
-            self.graph.replay()
-            return self.out
-        return self._run(self.layer_fns)
-
-    def _capture(self) -> None:
-        # Warm-up on a side stream (compiles the layers and the Triton kernels, sets up cuBLAS),
-        # then capture. Both run the real inputs, so the KV they write into the active slots is the
-        # step's own.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self._run(self.layer_fns)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                self.out = self._run(self.layer_fns)
-        except RuntimeError as e:  # e.g. an allocator or driver limit: eager is slower, not wrong
-            logger.warning("CUDA graph capture failed (%s); decoding eagerly", e)
-            self.use_graph = False
-            return
-        self.graph = graph
+        return self._call()
 
 
 class QueryPass:
@@ -269,6 +251,9 @@ class PagedDecodeCache:
         self.context: PagedContext | None = None
         self.step: _BlockForward | None = None
         self.query_passes: dict[int, QueryPass] = {}  # by padded rows, over `context`
+        self.drafts: dict[tuple, DraftPass] = {}  # by (padded prompt rows, D, R)
+        self.scoring: dict[tuple, ScoringPass] = {}  # by (document KV, chunk range, layout shape)
+        self._scoring_pool: tuple | None = None  # the scoring graphs share one memory pool
         self._prefix: tuple[DiffusionLM, tuple[int, ...], list[LayerKV]] | None = None
 
     def prefix_kv(self, model: DiffusionLM, prefix_ids: list[int], compute) -> list[LayerKV]:
@@ -290,6 +275,40 @@ class PagedDecodeCache:
         self.query_passes[rows] = cached  # most recently used last
         while len(self.query_passes) > MAX_QUERY_PASSES:  # each holds a captured graph and its memory
             self.query_passes.pop(next(iter(self.query_passes)))
+        return cached
+
+    def draft_pass(self, model: DiffusionLM, attention: AttentionBackend, prompt_len: int, slots: int, rounds: int,
+                   use_graph: bool, layer_fns: LayerFunctions | None) -> DraftPass:
+        """The draft pass for prompts of `prompt_len` tokens (padded; see DraftPass), kept across
+        questions and documents: it reads no document."""
+        key = (draft_rows(prompt_len), slots, rounds)
+        cached = self.drafts.pop(key, None)
+        if cached is None or cached.model is not model or cached.layer_fns is not layer_fns:
+            cached = DraftPass(model, attention, key[0], slots, rounds, use_graph, layer_fns)
+        self.drafts[key] = cached  # most recently used last
+        while len(self.drafts) > MAX_QUERY_PASSES:  # each holds a captured graph and its memory
+            self.drafts.pop(next(iter(self.drafts)))
+        return cached
+
+    def scoring_pass(self, model: DiffusionLM, attention: AttentionBackend, doc: DocumentKV, start: int, end: int,
+                     shape: tuple[int, int, int], layer_fns: LayerFunctions | None) -> ScoringPass:
+        """The scoring forward over chunks [start, end) of `doc` (see ScoringPass), with a captured
+        graph on CUDA when the document's KV is on the model's device. Kept while that KV tensor
+        lives (a weak reference: the cache never keeps a document alive)."""
+        device = model.embed_tokens.weight.device
+        use_graph = device.type == "cuda" and doc.keys.device == device
+        key = (id(doc.keys), start, end, shape)
+        cached = self.scoring.pop(key, None)
+        if (cached is None or cached.keys_ref() is not doc.keys or cached.model is not model
+                or cached.layer_fns is not layer_fns):
+            if use_graph and self._scoring_pool is None:
+                self._scoring_pool = torch.cuda.graph_pool_handle()
+            cached = ScoringPass(model, attention, doc, start, end, shape, use_graph, layer_fns, self._scoring_pool)
+        self.scoring[key] = cached  # most recently used last
+        for stale in [k for k, p in self.scoring.items() if p.keys_ref() is None]:
+            del self.scoring[stale]
+        while len(self.scoring) > MAX_SCORING_PASSES:
+            self.scoring.pop(next(iter(self.scoring)))
         return cached
 
     def release_pages(self) -> None:

@@ -55,11 +55,6 @@ def masking_folds(targets: torch.Tensor, folds: int | None) -> torch.Tensor:
     return plan
 
 
-def attention_mass(probs: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-    """Attention mass on a set of keys: probs [b, Hq, R, Tk], key_mask bool [b, Tk] -> [b, Hq, R]."""
-    return (probs * key_mask[:, None, None, :].to(probs.dtype)).sum(-1)
-
-
 def chunk_token_relevance(probs: torch.Tensor, chunk_len: int, kv_heads: int) -> torch.Tensor:
     """Query-to-chunk attention per chunk token and KV head, summed over query rows.
 

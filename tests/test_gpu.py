@@ -105,3 +105,31 @@ def test_pool_warm_tier_uses_pinned_memory():
     got = pool.get(0)
     assert got["keys"].is_cuda and float(got["keys"][0]) == 0.0
     assert pool.counters.hits_warm == 1 and pool.counters.evictions_hot >= 1
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
+def test_captured_draft_and_scoring_replay_like_eager(family, dream_dir, llada_dir):
+    """The draft and scoring graphs the engine keeps, replayed for questions of several lengths
+    (two padded sizes, one asked twice), give what eager passes give."""
+    from engine import AnswerParams, SamplingParams, ScoringParams
+    from engine.answer import stream_answer
+
+    folder = dream_dir if family == "dream" else llada_dir
+    engine = Engine.from_pretrained(folder, device="cuda", dtype=torch.float32)
+    doc = engine.prefill(torch.randint(5, 300, (300,), generator=torch.Generator().manual_seed(1)).tolist(), 32)
+    for folds in (None, 3):
+        params = AnswerParams(top_k=3, scoring=ScoringParams(llada_folds=folds, max_rows=200),
+                              sampling=SamplingParams(gen_length=8, block_length=8, stop_at_eos=False))
+        for question in ("Which river?", "Which river flows past the old mill, and when was it built?",
+                         "Which river?", "Who?"):
+            graphed = engine.answer(doc, question, params)
+            eager = [e for e in stream_answer(engine.model, engine.attention, engine.tokenizer, [doc], question,
+                                              params, None)][-1]
+            assert graphed.trace.draft_ids == eager.trace.draft_ids
+            torch.testing.assert_close(torch.tensor(graphed.trace.scores), torch.tensor(eager.trace.scores),
+                                       atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(graphed.trace.anchors_scoring, eager.trace.anchors_scoring, atol=1e-4,
+                                       rtol=1e-4)
+    cache = engine.paged_cache
+    assert cache.scoring and all(p._call.graph is not None for p in cache.scoring.values())  # really captured
+    assert cache.drafts and all(p._call.graph is not None for p in cache.drafts.values())

@@ -6,16 +6,17 @@ import pytest
 import torch
 
 from engine import AnswerParams, Engine, SamplingParams, ScoringParams
-from engine.attention import BACKENDS, dense_mask, segment_mask
-from engine.chunk_scorer import score_document, scoring_rows
+from engine.attention import BACKENDS, causal_mask, dense_mask, full_mask, segment_mask
+from engine.chunk_scorer import draft_pseudo_labels, draft_rows, score_document, scoring_layout, scoring_rows
 from engine.chunking import chunk_tokens
 from engine.config import ModelConfig
 from engine.decode import DecodeStep, DenseRunner
 from engine.kv_cache import chunk_deltas, gather_kept_tokens, place_chunks
-from engine.model import DiffusionLM
+from engine.model import AttentionCapture, DiffusionLM
 from engine.prefill import prefill_document
 from engine.prompting import build_question_prompt
 from engine.sampling import prediction_rows
+from engine.scoring import masking_folds
 from engine.static_decode import SelectedChunks, build_joint_context
 
 ATTN = BACKENDS["sdpa"]
@@ -244,6 +245,48 @@ def test_joint_equals_dense_with_one_chunk_covering_the_context(engines, family)
     assert joint.trace.steps == dense_ans.trace.steps == 1
 
 
+# ---- the draft (pseudo-labels) ---------------------------------------------------------------------
+
+def _draft_oracle(model, prompt_ids, slots, rounds):
+    """The draft as the method's reference code runs it: the prompt's KV, then block forwards over
+    the masked slots only, the pick read back to the host every round."""
+    cfg = model.cfg
+    n = len(prompt_ids)
+    with torch.no_grad():
+        ctx = model(torch.tensor([prompt_ids]), torch.arange(n)[None], full_mask(), ATTN, logits_rows="all")
+        anchor = ctx.logits[0, n - 1]
+        block = torch.full((1, slots), cfg.mask_token_id)
+        committed = [False] * slots
+        for _ in range(rounds + 1):
+            masked = [i for i in range(slots) if not committed[i]]
+            if cfg.logits_shifted and masked[0] == 0:
+                block[0, 0], committed[0] = int(anchor.argmax()), True
+                continue
+            out = model(block, torch.arange(n, n + slots)[None], full_mask(), ATTN, past=ctx.kv, logits_rows="all")
+            logits = out.logits[0]  # [D, V]; slot s of a shifted model is predicted by row s - 1
+            rows = [(s - 1 if cfg.logits_shifted else s) for s in masked]
+            probs = torch.softmax(logits[rows].float(), -1)
+            conf, tok = probs.max(-1)
+            best = int(conf.argmax())
+            block[0, masked[best]], committed[masked[best]] = int(tok[best]), True
+    return block[0].tolist(), committed
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
+@pytest.mark.parametrize("extra_rows", [0, 5, None])
+def test_draft_matches_the_reference_loop_with_any_padding(engines, family, extra_rows):
+    """The fixed-shape draft (device-side picks, padded prompt, as captured on CUDA) commits what
+    the host-side loop commits."""
+    model = engines[family].model
+    prompt = _doc_ids(13, 60, seed=3).tolist()
+    rows = draft_rows(len(prompt)) if extra_rows is None else len(prompt) + extra_rows
+    for slots, rounds in ((4, 1), (3, 2), (1, 0)):
+        draft = draft_pseudo_labels(model, ATTN, prompt, slots, rounds, rows=rows)
+        tokens, committed = _draft_oracle(model, prompt, slots, rounds)
+        assert draft.committed.tolist() == committed and sum(committed) == rounds + 1
+        assert draft.tokens.tolist() == tokens
+
+
 # ---- scoring picks the chunk that explains the question -----------------------------------------
 
 def overlap_model(family: str) -> DiffusionLM:
@@ -292,6 +335,68 @@ def test_scoring_picks_the_planted_chunk(family, folds):
     scores = score_document(model, ATTN, doc, rows, params).scores
     assert int(scores.argmax()) == 4, scores
     assert torch.isfinite(scores).all()
+
+
+def _score_oracle(model, doc, rows, folds):
+    """Each chunk, each fold, one forward of its own over that chunk's valid keys alone (no
+    batching, padding or shared folds): mean log-likelihood of the targets, and the window rows'
+    attention on the chunk's BOS per layer (fold 0)."""
+    cfg = model.cfg
+    n = rows.ids.numel()
+    plans = [torch.zeros(n, dtype=torch.bool)] if folds is None else list(folds)
+    scores, anchors = [], []
+    for chunk in range(doc.num_chunks):
+        length = int(doc.lengths[chunk])
+        past = [(doc.keys[i, chunk:chunk + 1, :, :length], doc.values[i, chunk:chunk + 1, :, :length])
+                for i in range(cfg.num_layers)]
+        read = []
+        for f, hide in enumerate(plans):
+            ids = rows.ids.clone()
+            ids[hide] = cfg.mask_token_id
+            mask = causal_mask() if cfg.logits_shifted else full_mask()
+            with torch.no_grad():
+                out = model(ids[None], (length + torch.arange(n))[None], mask, ATTN, past=past, logits_rows="all",
+                            capture=AttentionCapture(tuple(range(cfg.num_layers)), rows.window))
+            log_probs = torch.log_softmax(out.logits[0].float(), -1)
+            targets = torch.nonzero(rows.targets if cfg.logits_shifted else hide)[:, 0]
+            at = targets - 1 if cfg.logits_shifted else targets
+            read.append(log_probs[at, rows.ids[targets]])
+            if f == 0:
+                anchors.append(torch.stack([out.attention[i][0, :, :, 0].mean() for i in range(cfg.num_layers)]))
+        scores.append(torch.cat(read).mean())
+    return torch.stack(scores), torch.stack(anchors)
+
+
+@pytest.mark.parametrize("family,folds,max_rows", [("dream", None, 4096), ("dream", None, 50),
+                                                   ("llada", None, 4096), ("llada", 3, 100)])
+def test_batched_scoring_equals_one_forward_per_chunk_and_fold(engines, family, folds, max_rows):
+    """Folds side by side in one batch item, rows padded, chunks batched: the same scores and
+    anchors as scoring every chunk and fold on its own (a short last chunk included)."""
+    engine = engines[family]
+    model, cfg = engine.model, engine.config
+    doc = prefill_document(model, ATTN, _doc_ids(5 * 16 - 7, 60, seed=5), chunk_size=16)
+    query = _doc_ids(11, 60, seed=6).tolist()
+    rows = scoring_rows(query, (1, 9), None, 4, cfg.logits_shifted)
+    params = ScoringParams(scorer="self_information", llada_folds=folds, max_rows=max_rows)
+    got = score_document(model, ATTN, doc, rows, params)
+    plan = None if cfg.logits_shifted else masking_folds(rows.targets, folds)
+    want_scores, want_anchors = _score_oracle(model, doc, rows, plan)
+    torch.testing.assert_close(got.scores, want_scores, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.anchors, want_anchors, atol=1e-5, rtol=1e-5)
+
+
+def test_scoring_layout_pads_and_separates_folds():
+    rows = scoring_rows([5, 6, 7, 8, 9], (0, 5), None, 2, shifted=False)
+    folds = masking_folds(rows.targets, 2)  # targets 0, 2, 4 hidden in fold 0; 1, 3 in fold 1
+    layout = scoring_layout(rows, folds, shifted=False, mask_token_id=3, round_to=4)
+    assert layout.shape == (16, 8, 2)  # 2 folds of 8 rows (5 padded to 8); 3 reads padded to 4 per fold
+    assert layout.ids.tolist() == [3, 6, 3, 8, 3, 3, 3, 3, 5, 3, 7, 3, 9, 3, 3, 3]
+    assert not layout.row_mask[0, 8:].any() and not layout.row_mask[:, 5:8].any()  # no other fold, no padding
+    assert layout.read.tolist()[:3] == [0, 2, 4] and layout.read.tolist()[4:6] == [9, 11]
+    assert layout.read_tokens.tolist()[:3] == [5, 7, 9] and layout.read_valid.sum() == 5
+    causal = scoring_layout(scoring_rows([5, 6, 7], (0, 3), None, 2, shifted=True), None, True, 3, 4)
+    assert causal.row_mask[:3, :3].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    assert causal.read.tolist()[:2] == [0, 1] and causal.read_tokens.tolist()[:2] == [6, 7]
 
 
 def test_leave_one_out_and_folds_agree_on_ranking():
@@ -401,3 +506,37 @@ def test_fastdllm_first_block_step_matches_dense(engines):
         a = fast.slot_logits(0, answer, torch.arange(8))
         b = DenseRunner(engine.model, ATTN, prompt).slot_logits(0, answer, torch.arange(8))
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_the_engine_keeps_one_draft_pass_per_padded_prompt_length(engines):
+    from engine.paged_decode import MAX_QUERY_PASSES, PagedDecodeCache
+
+    model, cache = engines["dream"].model, PagedDecodeCache()
+    first = cache.draft_pass(model, ATTN, 17, 4, 1, False, None)
+    assert cache.draft_pass(model, ATTN, 32, 4, 1, False, None) is first  # 17 and 32 pad to 32 rows
+    assert cache.draft_pass(model, ATTN, 33, 4, 1, False, None) is not first
+    for n in range(1, MAX_QUERY_PASSES + 2):
+        cache.draft_pass(model, ATTN, 16 * n, 4, 1, False, None)
+    assert len(cache.drafts) == MAX_QUERY_PASSES  # the least recently used are dropped
+
+
+def test_kept_scoring_passes_follow_the_document_kv(engines):
+    """A scoring pass is reused for the same document KV and layout; it holds the KV weakly, so a
+    dropped document is neither kept alive nor scored with a stale pass."""
+    import gc
+    import weakref
+
+    from engine.paged_decode import PagedDecodeCache
+
+    model, cache = engines["llada"].model, PagedDecodeCache()
+    doc = prefill_document(model, ATTN, _doc_ids(70, 60), chunk_size=16)
+    first = cache.scoring_pass(model, ATTN, doc, 0, 3, (32, 8, 4), None)
+    assert cache.scoring_pass(model, ATTN, doc, 0, 3, (32, 8, 4), None) is first
+    assert cache.scoring_pass(model, ATTN, doc, 3, 5, (32, 8, 4), None) is not first
+    keys = weakref.ref(doc.keys)
+    del doc
+    gc.collect()
+    assert keys() is None  # the kept passes did not keep the KV alive
+    other = prefill_document(model, ATTN, _doc_ids(70, 60, seed=1), chunk_size=16)
+    cache.scoring_pass(model, ATTN, other, 0, 3, (32, 8, 4), None)
+    assert all(p.keys_ref() is other.keys for p in cache.scoring.values())  # stale passes dropped

@@ -127,8 +127,8 @@ class DraftPass:
         for round_ in range(self.rounds + 1):
             if cfg.logits_shifted and round_ == 0:
                 # Slot 0 follows the prompt: commit it first, from the anchor alone.
-                block[0, 0] = propose(anchor[None], 0.0, None, None, None).tokens[0]
-                committed[0] = True
+                block[0, :1] = propose(anchor[None], 0.0, None, None, None).tokens
+                committed[:1].fill_(True)  # not `committed[0] = True`: that copies from the host
                 continue
             out = model(block, self.block_positions, full_mask(self.key_valid), self.attention, past=ctx.kv,
                         logits_rows=self.block_rows, return_kv=False, layer_fns=self.layer_fns)
@@ -178,7 +178,7 @@ def scoring_rows(query_ids: list[int], question_span: tuple[int, int], draft: Dr
     return ScoringRows(ids=ids, targets=targets, window=torch.arange(len(query_ids) - w, len(query_ids)))
 
 
-SCORING_ROUND = 8  # a fold's rows are padded to a multiple of this: one captured graph serves similar questions
+SCORING_ROUND = 4  # a fold's rows are padded to a multiple of this: one captured graph serves similar questions
 
 
 @dataclass(frozen=True)

@@ -134,9 +134,10 @@ class DraftPass:
                         logits_rows=self.block_rows, return_kv=False, layer_fns=self.layer_fns)
             logits = slot_logits_from_rows(out.logits[0], self.slot_ids, anchor, cfg.logits_shifted)  # [D, V]
             proposal = propose(logits, 0.0, None, None, None)
-            pick = torch.argmax(proposal.confidence.masked_fill(committed, float("-inf")))
-            block[0].index_copy_(0, pick[None], proposal.tokens[pick][None])
-            committed.index_fill_(0, pick[None], True)
+            # Index with tensors only: tokens[pick] with a 0-d tensor would read it back to the host.
+            pick = torch.argmax(proposal.confidence.masked_fill(committed, float("-inf")))[None]  # [1]
+            block[0].index_copy_(0, pick, proposal.tokens.index_select(0, pick))
+            committed.index_fill_(0, pick, True)
         return block[0], committed
 
     def __call__(self, prompt_ids: list[int]) -> Draft:

@@ -155,18 +155,8 @@ def _profile_scoring(model, attention, doc, rows, scoring, draft_args, tokens, a
                           "draft_s": _seconds(partial(draft_pass, prompt_ids), sync, 5),
                           "scoring_s": _seconds(kept, sync, 5)}
     print("kept_passes", out["kept_passes"], flush=True)
-    sync()
-    with profile(activities=activities) as prof:
-        t = time.perf_counter()
-        score_document(model, attention, doc, rows, scoring, layer_fns=fns)
-        sync()
-        out["profiled_wall_ms"] = 1000 * (time.perf_counter() - t)
-    (args.out / "scoring.txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=45))
-    (args.out / "scoring_cpu.txt").write_text(prof.key_averages().table(sort_by="cpu_time_total", row_limit=45))
-    kernels = _kernel_summary(prof, 1)
-    out["gpu_busy_ms"] = sum(k["ms_per_step"] for k in kernels.values())
-    out["kernels"] = sum(k["kernels_per_step"] for k in kernels.values())
-    out["by_kind"] = kernels
+    out.update(_profile_once(partial(score_document, model, attention, doc, rows, scoring, layer_fns=fns),
+                             args.out / "scoring", sync, activities, sort_by))
     return out
 
 
@@ -237,19 +227,25 @@ def _profile_kv_build(model, attention, doc, prompt, rows, scoring, sampling, ar
     out = {name: 1000 * _seconds(fn, sync, 5) for name, fn in
            (("kv_build_ms", whole), ("gather_selected_ms", gathered), ("static_context_ms", static_ctx),
             ("prefix_forward_ms", prefix))}
+    out.update(_profile_once(whole, args.out / "kv_build", sync, activities, sort_by))
+    return out
+
+
+def _profile_once(fn, stem: Path, sync, activities, sort_by) -> dict:
+    """One call of fn under torch.profiler: `<stem>.txt` (by GPU time) and `<stem>_cpu.txt` (by host
+    time) kernel tables, and the wall time against the GPU-busy time."""
     sync()
     with profile(activities=activities) as prof:
         t = time.perf_counter()
-        whole()
+        fn()
         sync()
-        out["profiled_wall_ms"] = 1000 * (time.perf_counter() - t)
-    (args.out / "kv_build.txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=50))
-    (args.out / "kv_build_cpu.txt").write_text(prof.key_averages().table(sort_by="cpu_time_total", row_limit=50))
+        wall_ms = 1000 * (time.perf_counter() - t)
+    stem.with_name(stem.name + ".txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=50))
+    stem.with_name(stem.name + "_cpu.txt").write_text(prof.key_averages().table(sort_by="cpu_time_total",
+                                                                                row_limit=50))
     kernels = _kernel_summary(prof, 1)
-    out["gpu_busy_ms"] = sum(k["ms_per_step"] for k in kernels.values())
-    out["kernels"] = sum(k["kernels_per_step"] for k in kernels.values())
-    out["by_kind"] = kernels
-    return out
+    return {"profiled_wall_ms": wall_ms, "gpu_busy_ms": sum(k["ms_per_step"] for k in kernels.values()),
+            "kernels": sum(k["kernels_per_step"] for k in kernels.values()), "by_kind": kernels}
 
 
 if __name__ == "__main__":

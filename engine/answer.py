@@ -131,8 +131,8 @@ def _score_all(model, attention, documents, rows, params: ScoringParams, layer_f
                cache: PagedDecodeCache | None = None):
     passes = None
     if cache is not None:  # the engine keeps the passes (and their captured graphs) across questions
-        def passes(doc, start, end, shape):
-            return cache.scoring_pass(model, attention, doc, start, end, shape, layer_fns)
+        def passes(doc, ranges, shape):
+            return cache.scoring_passes(model, attention, doc, ranges, shape, layer_fns)
     per_doc = [score_document(model, attention, doc, rows, params, layer_fns, passes) for doc in documents]
     scores = torch.cat([s.scores for s in per_doc]) if per_doc else torch.zeros(0)
     layers = model.cfg.num_layers

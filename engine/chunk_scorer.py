@@ -311,19 +311,22 @@ def score_document(model: DiffusionLM, attention: AttentionBackend, doc: Documen
                    rows: ScoringRows, params: ScoringParams,
                    layer_fns: LayerFunctions | None = None, passes=None) -> DocumentScores:
     """Scores every chunk of one document in batched passes over its cached KV (`layer_fns`: the
-    layers' halves around attention, default eager; `passes(doc, start, end, shape)`: where to get
-    a kept ScoringPass from, e.g. one with a captured graph; default a new eager one)."""
+    layers' halves around attention, default eager; `passes(doc, ranges, shape)`: where to get
+    kept ScoringPasses for these chunk ranges from, e.g. with captured graphs; default new eager
+    ones)."""
     cfg = model.cfg
     likelihood = params.scorer in ("draft_self_information", "self_information")
     folds = masking_folds(rows.targets, params.llada_folds) if likelihood and not cfg.logits_shifted else None
     layout = scoring_layout(rows, folds, cfg.logits_shifted, cfg.mask_token_id)
     scores = torch.empty(doc.num_chunks)
     anchors = torch.empty(doc.num_chunks, cfg.num_layers)
-    for start, end in chunk_batches(doc.num_chunks, layout.shape[0], params.max_rows):
-        if passes is None:
-            forward = ScoringPass(model, attention, doc, start, end, layout.shape, False, layer_fns)
-        else:
-            forward = passes(doc, start, end, layout.shape)
+    ranges = chunk_batches(doc.num_chunks, layout.shape[0], params.max_rows)
+    if passes is None:
+        forwards = [ScoringPass(model, attention, doc, start, end, layout.shape, False, layer_fns)
+                    for start, end in ranges]
+    else:
+        forwards = passes(doc, ranges, layout.shape)
+    for (start, end), forward in zip(ranges, forwards, strict=True):
         log_probs, summary = forward(layout)
         anchors[start:end] = summary[..., 0].cpu()
         if params.scorer == "attention":

@@ -83,9 +83,10 @@ class _QueryPassLayer:
 TAIL_ROUND = 128  # tail capacity is rounded up to this, so questions of similar length share a layout
 QUERY_ROUND = 16  # the question's rows are padded to a multiple of this (one captured pass per size)
 MAX_QUERY_PASSES = 4  # question passes (sizes) a PagedDecodeCache keeps, least recently used dropped
-# Scoring passes kept: a 128K-token document at Dream-7B's shape is scored in 3 passes per question
-# size. Their graphs share one memory pool, so what each one keeps is its small outputs.
-MAX_SCORING_PASSES = 8
+# Scoring passes kept (each a captured graph): a 128K-token document is scored in 3 passes per
+# question size at Dream-7B's shape, 10 at LLaDA-8B's (4 folds). The graphs share one memory pool,
+# so what each one adds is its small outputs.
+MAX_SCORING_PASSES = 32
 
 
 def query_rows(query_len: int) -> int:
@@ -243,7 +244,8 @@ class QueryPass:
 
 class PagedDecodeCache:
     """What one question leaves for the next (one per engine): the paged context, the block forward
-    and the question passes (with their captured CUDA graphs), and the prefix's KV. A question with
+    and the question passes (with their captured CUDA graphs), the prefix's KV, and the draft and
+    scoring passes (captured graphs too). A question with
     the same layout (same document, K, kept tokens, tail capacity and block) refills the buffers and
     replays the graphs: no allocation and no capture, which otherwise cost several decode steps."""
 
@@ -290,26 +292,35 @@ class PagedDecodeCache:
             self.drafts.pop(next(iter(self.drafts)))
         return cached
 
-    def scoring_pass(self, model: DiffusionLM, attention: AttentionBackend, doc: DocumentKV, start: int, end: int,
-                     shape: tuple[int, int, int], layer_fns: LayerFunctions | None) -> ScoringPass:
-        """The scoring forward over chunks [start, end) of `doc` (see ScoringPass), with a captured
-        graph on CUDA when the document's KV is on the model's device. Kept while that KV tensor
-        lives (a weak reference: the cache never keeps a document alive)."""
-        device = model.embed_tokens.weight.device
-        use_graph = device.type == "cuda" and doc.keys.device == device
-        key = (id(doc.keys), start, end, shape)
-        cached = self.scoring.pop(key, None)
-        if (cached is None or cached.keys_ref() is not doc.keys or cached.model is not model
-                or cached.layer_fns is not layer_fns):
-            if use_graph and self._scoring_pool is None:
-                self._scoring_pool = torch.cuda.graph_pool_handle()
-            cached = ScoringPass(model, attention, doc, start, end, shape, use_graph, layer_fns, self._scoring_pool)
-        self.scoring[key] = cached  # most recently used last
+    def scoring_passes(self, model: DiffusionLM, attention: AttentionBackend, doc: DocumentKV,
+                       ranges: list[tuple[int, int]], shape: tuple[int, int, int],
+                       layer_fns: LayerFunctions | None) -> list[ScoringPass]:
+        """The scoring forwards over `doc`'s chunk ranges (see ScoringPass), kept across questions,
+        with captured graphs on CUDA when the document's KV is on the model's device. Kept while
+        that KV tensor lives (a weak reference: the cache never keeps a document alive). A document
+        that needs more passes than are kept gets new eager ones: cycling through more than the
+        cache holds would recapture every pass on every question."""
         for stale in [k for k, p in self.scoring.items() if p.keys_ref() is None]:
             del self.scoring[stale]
+        if len(ranges) > MAX_SCORING_PASSES:
+            return [ScoringPass(model, attention, doc, start, end, shape, False, layer_fns) for start, end in ranges]
+        device = model.embed_tokens.weight.device
+        use_graph = device.type == "cuda" and doc.keys.device == device
+        if use_graph and self._scoring_pool is None:
+            self._scoring_pool = torch.cuda.graph_pool_handle()
+        out = []
+        for start, end in ranges:
+            key = (id(doc.keys), start, end, shape)
+            cached = self.scoring.pop(key, None)
+            if (cached is None or cached.keys_ref() is not doc.keys or cached.model is not model
+                    or cached.layer_fns is not layer_fns):
+                cached = ScoringPass(model, attention, doc, start, end, shape, use_graph, layer_fns,
+                                     self._scoring_pool if use_graph else None)
+            self.scoring[key] = cached  # most recently used last
+            out.append(cached)
         while len(self.scoring) > MAX_SCORING_PASSES:
             self.scoring.pop(next(iter(self.scoring)))
-        return cached
+        return out
 
     def release_pages(self) -> None:
         """Drops the kept context's references to the document's KV once an answer is done, so

@@ -143,8 +143,8 @@ def _profile_scoring(model, attention, doc, rows, scoring, draft_args, tokens, a
     draft_pass = cache.draft_pass(model, attention, len(prompt_ids), scoring.draft_slots, scoring.draft_rounds,
                                   on_cuda, fns)
 
-    def passes(d, start, end, shape):
-        return cache.scoring_pass(model, attention, d, start, end, shape, fns)
+    def passes(d, ranges, shape):
+        return cache.scoring_passes(model, attention, d, ranges, shape, fns)
 
     kept = partial(score_document, model, attention, doc, rows, scoring, fns, passes)
     t = time.perf_counter()

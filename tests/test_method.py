@@ -521,22 +521,26 @@ def test_the_engine_keeps_one_draft_pass_per_padded_prompt_length(engines):
 
 
 def test_kept_scoring_passes_follow_the_document_kv(engines):
-    """A scoring pass is reused for the same document KV and layout; it holds the KV weakly, so a
-    dropped document is neither kept alive nor scored with a stale pass."""
+    """A scoring pass is reused for the same document KV, chunk range and layout; it holds the KV
+    weakly, so a dropped document is neither kept alive nor scored with a stale pass; a document
+    needing more passes than are kept gets fresh ones."""
     import gc
     import weakref
 
-    from engine.paged_decode import PagedDecodeCache
+    from engine.paged_decode import MAX_SCORING_PASSES, PagedDecodeCache
 
-    model, cache = engines["llada"].model, PagedDecodeCache()
+    model, cache, shape = engines["llada"].model, PagedDecodeCache(), (32, 8, 4)
     doc = prefill_document(model, ATTN, _doc_ids(70, 60), chunk_size=16)
-    first = cache.scoring_pass(model, ATTN, doc, 0, 3, (32, 8, 4), None)
-    assert cache.scoring_pass(model, ATTN, doc, 0, 3, (32, 8, 4), None) is first
-    assert cache.scoring_pass(model, ATTN, doc, 3, 5, (32, 8, 4), None) is not first
+    first = cache.scoring_passes(model, ATTN, doc, [(0, 3), (3, 5)], shape, None)
+    again = cache.scoring_passes(model, ATTN, doc, [(0, 3), (3, 5)], shape, None)
+    assert again[0] is first[0] and again[1] is first[1] and len(cache.scoring) == 2
     keys = weakref.ref(doc.keys)
-    del doc
+    del doc, first, again
     gc.collect()
     assert keys() is None  # the kept passes did not keep the KV alive
     other = prefill_document(model, ATTN, _doc_ids(70, 60, seed=1), chunk_size=16)
-    cache.scoring_pass(model, ATTN, other, 0, 3, (32, 8, 4), None)
-    assert all(p.keys_ref() is other.keys for p in cache.scoring.values())  # stale passes dropped
+    cache.scoring_passes(model, ATTN, other, [(0, 3)], shape, None)
+    assert [p.keys_ref() is other.keys for p in cache.scoring.values()] == [True]  # stale passes dropped
+    too_many = [(i % 5, i % 5 + 1) for i in range(MAX_SCORING_PASSES + 1)]
+    fresh = cache.scoring_passes(model, ATTN, other, too_many, shape, None)
+    assert len(fresh) == len(too_many) and len(cache.scoring) == 1  # not kept: they would evict each other

@@ -281,9 +281,7 @@ class ScoringPass:
         self._call = GraphedCall(self._run, use_graph, "scoring pass", pool)
 
     def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, values, device = self.keys_ref(), self.values_ref(), self.ids.device
-        past = [(keys[layer, self.start:self.end].to(device), values[layer, self.start:self.end].to(device))
-                for layer in range(self.model.cfg.num_layers)]  # [b, Hkv, C, D] views (copies if on another device)
+        past = _past(self.keys_ref(), self.values_ref(), self.start, self.end, self.ids.device)
         out = self.model(self.ids, self.positions, dense_mask(self.mask), self.attention, past=past,
                          logits_rows=self.read, capture=self.capture, return_kv=False, layer_fns=self.layer_fns)
         summary = torch.stack([out.attention[i] for i in range(self.model.cfg.num_layers)], 1)  # [b, L, 2]
@@ -339,10 +337,11 @@ def score_document(model: DiffusionLM, attention: AttentionBackend, doc: Documen
     return DocumentScores(scores=scores, anchors=anchors)
 
 
-def _past(doc: DocumentKV, start: int, end: int, device: torch.device):
-    """Per-layer (k, v) of chunks [start, end) on `device`."""
-    return [(doc.keys[layer, start:end].to(device, non_blocking=True),
-             doc.values[layer, start:end].to(device, non_blocking=True)) for layer in range(doc.num_layers)]
+def _past(keys: torch.Tensor, values: torch.Tensor, start: int, end: int, device: torch.device):
+    """Per-layer (k, v) [b, Hkv, C, D] of chunks [start, end) of a document's KV ([L, N, Hkv, C, D]):
+    views, or copies when the KV is on another device."""
+    return [(keys[layer, start:end].to(device, non_blocking=True),
+             values[layer, start:end].to(device, non_blocking=True)) for layer in range(keys.shape[0])]
 
 
 def _rows_mask(lengths: torch.Tensor, c: int, n: int, causal: bool, device) -> torch.Tensor:
@@ -370,7 +369,7 @@ def chunk_relevance(model: DiffusionLM, attention: AttentionBackend, doc: Docume
         pos = lengths.to(device)[:, None] + torch.arange(n, device=device)
         mask = _rows_mask(lengths, c, n, cfg.logits_shifted, device)
         out = model(rows.ids.to(device)[None], pos, dense_mask(mask), attention,
-                    past=_past(doc, chunk, chunk + 1, device), capture=capture, return_kv=False,
+                    past=_past(doc.keys, doc.values, chunk, chunk + 1, device), capture=capture, return_kv=False,
                     layer_fns=layer_fns)
         for layer in range(cfg.num_layers):
             out_rel[i, layer] = chunk_token_relevance(out.attention[layer], c, cfg.num_kv_heads)[0].cpu()

@@ -360,7 +360,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from engine import ScoringParams
 
     if args.llada_folds < 0:
-        print(f"error: --llada-folds must be 0 (leave-one-out) or more, got {args.llada_folds}", file=sys.stderr)
+        print(f"docqa: --llada-folds must be 0 (leave-one-out) or more, got {args.llada_folds}", file=sys.stderr)
         return EXIT_USAGE
     scoring = ScoringParams(scorer=args.scorer, llada_folds=args.llada_folds or None)
     rows = bench.run(args.shape, args.contexts, args.answers, args.modes, args.device, args.chunk_size, args.top_k,

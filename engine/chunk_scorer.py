@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -292,12 +292,11 @@ class ScoringPass:
         return lp, summary
 
     def __call__(self, layout: ScoringLayout) -> tuple[torch.Tensor, torch.Tensor]:
-        assert layout.shape == self.shape
-        device = self.ids.device
+        assert layout.shape == self.shape and layout.ids.device == self.ids.device
         c = self.mask.shape[-1] - self.shape[0]
-        self.ids.copy_(layout.ids.to(device)[None].expand_as(self.ids))
-        self.positions.copy_(self.lengths[:, None] + layout.offsets.to(device)[None])
-        self.mask[:, 0, :, c:] = layout.row_mask.to(device)[None]
+        self.ids.copy_(layout.ids[None].expand_as(self.ids))
+        self.positions.copy_(self.lengths[:, None] + layout.offsets[None])
+        self.mask[:, 0, :, c:] = layout.row_mask[None]
         self.read.copy_(layout.read)
         self.read_tokens.copy_(layout.read_tokens)
         self.window.copy_(layout.window)
@@ -316,6 +315,8 @@ def score_document(model: DiffusionLM, attention: AttentionBackend, doc: Documen
     likelihood = params.scorer in ("draft_self_information", "self_information")
     folds = masking_folds(rows.targets, params.llada_folds) if likelihood and not cfg.logits_shifted else None
     layout = scoring_layout(rows, folds, cfg.logits_shifted, cfg.mask_token_id)
+    # On the model's device once per document, not once per pass.
+    layout = ScoringLayout(**{f.name: getattr(layout, f.name).to(_device(model)) for f in fields(ScoringLayout)})
     scores = torch.empty(doc.num_chunks)
     anchors = torch.empty(doc.num_chunks, cfg.num_layers)
     ranges = chunk_batches(doc.num_chunks, layout.shape[0], params.max_rows)
@@ -332,7 +333,7 @@ def score_document(model: DiffusionLM, attention: AttentionBackend, doc: Documen
         elif params.scorer == "none":
             scores[start:end] = -torch.arange(start, end, dtype=torch.float32)
         else:
-            read = layout.read_valid.to(log_probs.device)[None].expand_as(log_probs)
+            read = layout.read_valid[None].expand_as(log_probs)
             scores[start:end] = mean_over_targets(log_probs, read).cpu()
     return DocumentScores(scores=scores, anchors=anchors)
 

@@ -242,6 +242,18 @@ class QueryPass:
         return self.bos_mass.T.cpu()
 
 
+def _keep_recent(store: dict, key, limit: int, fits, make):
+    """`store[key]` if `fits(it)`, else `make()` kept there; the entry becomes the most recently
+    used, and the least recently used are dropped beyond `limit` (each may hold a captured graph)."""
+    kept = store.pop(key, None)
+    if kept is None or not fits(kept):
+        kept = make()
+    store[key] = kept  # dicts keep insertion order: most recently used last
+    while len(store) > limit:
+        store.pop(next(iter(store)))
+    return kept
+
+
 class PagedDecodeCache:
     """What one question leaves for the next (one per engine): the paged context, the block forward
     and the question passes (with their captured CUDA graphs), the prefix's KV, and the draft and
@@ -271,26 +283,18 @@ class PagedDecodeCache:
         """The pass of `rows` rows over `ctx`, kept while `ctx` is (its graph replays for ctx's buffers)."""
         if self.context is not ctx:
             self.context, self.step, self.query_passes = ctx, None, {}
-        cached = self.query_passes.pop(rows, None)
-        if cached is None or cached.model is not model or cached._forward.layer_fns is not layer_fns:
-            cached = QueryPass(model, attention, ctx, rows, use_graph, layer_fns)
-        self.query_passes[rows] = cached  # most recently used last
-        while len(self.query_passes) > MAX_QUERY_PASSES:  # each holds a captured graph and its memory
-            self.query_passes.pop(next(iter(self.query_passes)))
-        return cached
+        return _keep_recent(self.query_passes, rows, MAX_QUERY_PASSES,
+                            lambda p: p.model is model and p._forward.layer_fns is layer_fns,
+                            lambda: QueryPass(model, attention, ctx, rows, use_graph, layer_fns))
 
     def draft_pass(self, model: DiffusionLM, attention: AttentionBackend, prompt_len: int, slots: int, rounds: int,
                    use_graph: bool, layer_fns: LayerFunctions | None) -> DraftPass:
         """The draft pass for prompts of `prompt_len` tokens (padded; see DraftPass), kept across
         questions and documents: it reads no document."""
-        key = (draft_rows(prompt_len), slots, rounds)
-        cached = self.drafts.pop(key, None)
-        if cached is None or cached.model is not model or cached.layer_fns is not layer_fns:
-            cached = DraftPass(model, attention, key[0], slots, rounds, use_graph, layer_fns)
-        self.drafts[key] = cached  # most recently used last
-        while len(self.drafts) > MAX_QUERY_PASSES:  # each holds a captured graph and its memory
-            self.drafts.pop(next(iter(self.drafts)))
-        return cached
+        rows = draft_rows(prompt_len)
+        return _keep_recent(self.drafts, (rows, slots, rounds), MAX_QUERY_PASSES,
+                            lambda p: p.model is model and p.layer_fns is layer_fns,
+                            lambda: DraftPass(model, attention, rows, slots, rounds, use_graph, layer_fns))
 
     def scoring_passes(self, model: DiffusionLM, attention: AttentionBackend, doc: DocumentKV,
                        ranges: list[tuple[int, int]], shape: tuple[int, int, int],
@@ -308,19 +312,16 @@ class PagedDecodeCache:
         use_graph = device.type == "cuda" and doc.keys.device == device
         if use_graph and self._scoring_pool is None:
             self._scoring_pool = torch.cuda.graph_pool_handle()
-        out = []
-        for start, end in ranges:
-            key = (id(doc.keys), start, end, shape)
-            cached = self.scoring.pop(key, None)
-            if (cached is None or cached.keys_ref() is not doc.keys or cached.model is not model
-                    or cached.layer_fns is not layer_fns):
-                cached = ScoringPass(model, attention, doc, start, end, shape, use_graph, layer_fns,
-                                     self._scoring_pool if use_graph else None)
-            self.scoring[key] = cached  # most recently used last
-            out.append(cached)
-        while len(self.scoring) > MAX_SCORING_PASSES:
-            self.scoring.pop(next(iter(self.scoring)))
-        return out
+        pool = self._scoring_pool if use_graph else None
+
+        def fits(p: ScoringPass) -> bool:
+            return p.keys_ref() is doc.keys and p.model is model and p.layer_fns is layer_fns
+
+        # At most MAX_SCORING_PASSES ranges, each kept last: none of this document's evicts another.
+        return [_keep_recent(self.scoring, (id(doc.keys), start, end, shape), MAX_SCORING_PASSES, fits,
+                             lambda start=start, end=end: ScoringPass(model, attention, doc, start, end, shape,
+                                                                      use_graph, layer_fns, pool))
+                for start, end in ranges]
 
     def release_pages(self) -> None:
         """Drops the kept context's references to the document's KV once an answer is done, so

@@ -1,8 +1,10 @@
 """One captured CUDA graph around a function of static buffers, with an eager fallback.
 
 The callers (the decode step, the question's pass, the draft, scoring) fill fixed-address input
-buffers, then call; the first call on CUDA warms up on a side stream (compiles layers and Triton
-kernels, sets up cuBLAS), then captures, and later calls replay. The graph reads the buffers'
+buffers, then call; the first call on CUDA runs the function once on a side stream (which compiles
+layers and Triton kernels and sets up cuBLAS) and returns that run's results, then captures the
+graph; later calls replay it. The capture itself only records kernels, so the first call costs one
+eager run plus the capture's host time, not an extra replay. The graph reads the buffers'
 addresses, so everything the function reads must stay alive and in place while it is kept.
 """
 
@@ -19,9 +21,9 @@ logger = logging.getLogger(__name__)
 
 class GraphedCall:
     """`fn()` run eagerly, or captured once (when `use_graph`) and replayed; returns fn's outputs
-    (with a graph: the same tensors every time, overwritten by each replay). Graphs given one
-    `pool` (torch.cuda.graph_pool_handle()) share memory: each one's outputs must be used before
-    another of them replays."""
+    (with a graph: the same tensors on every replay, overwritten by each; the first call returns
+    its eager run's own). Graphs given one `pool` (torch.cuda.graph_pool_handle()) share memory:
+    each one's outputs must be used before another of them replays."""
 
     def __init__(self, fn: Callable[[], Any], use_graph: bool, what: str, pool: tuple | None = None) -> None:
         self.fn, self.use_graph, self.what, self.pool = fn, use_graph, what, pool
@@ -29,25 +31,37 @@ class GraphedCall:
         self.out: Any = None
 
     def __call__(self) -> Any:
-        if self.use_graph and self.graph is None:
-            self._capture()
         if self.graph is not None:
             self.graph.replay()
             return self.out
+        if self.use_graph:
+            return self._warm_up_and_capture()
         return self.fn()
 
-    def _capture(self) -> None:
+    def _warm_up_and_capture(self) -> Any:
+        """Runs fn on a side stream (the call's results), then captures it on the same stream.
+        Capturing executes nothing, so buffers fn writes (e.g. the KV of the active slots) hold
+        the warm-up's values, the same a replay would write.
+
+        Not `torch.cuda.graph(...)`: on entry it synchronises the device and empties the caching
+        allocator, so every capture would wait for the warm-up and the next large allocation (the
+        next document's prefill) would go back to cudaMalloc."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self.fn()
-        torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph, pool=self.pool):
-                self.out = self.fn()
-        except RuntimeError as e:  # e.g. an allocator or driver limit: eager is slower, not wrong
-            logger.warning("CUDA graph capture of the %s failed (%s); running it eagerly", self.what, e)
-            self.use_graph, self.out = False, None
-            return
-        self.graph = graph
+        with torch.cuda.stream(stream):
+            result = self.fn()
+            try:
+                graph.capture_begin(**({"pool": self.pool} if self.pool is not None else {}))
+                try:
+                    out = self.fn()
+                finally:
+                    graph.capture_end()
+            except RuntimeError as e:  # e.g. an allocator or driver limit: eager is slower, not wrong
+                logger.warning("CUDA graph capture of the %s failed (%s); running it eagerly", self.what, e)
+                self.use_graph = False
+                out = None
+        torch.cuda.current_stream().wait_stream(stream)
+        if self.use_graph:
+            self.graph, self.out = graph, out
+        return result

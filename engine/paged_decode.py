@@ -30,6 +30,8 @@ from engine.attention.split_kv import (
     SplitPlan,
     bos_attention_mass,
     make_split_plan,
+    page_addresses,
+    page_bos_keys,
     split_kv_attention,
     split_kv_reference,
 )
@@ -104,6 +106,8 @@ class PagedContext:
     anchor_logits: torch.Tensor | None  # [V] the row before the answer (shifted models), set by QueryPass
     layout: tuple  # what must match for another question to reuse these buffers (and a captured graph)
     prefix_len: int  # tail rows [0, prefix_len) hold the prefix; the question's rows follow, up to answer_row
+    page_base: torch.Tensor  # [L, 2] int64: each layer's page addresses (PagedKV.page_base)
+    bos_keys: torch.Tensor  # [L, K, Hkv, D]: each layer's page BOS keys (PagedKV.bos_keys)
 
 
 def build_paged_context(model: DiffusionLM, document: DocumentKV, chunk_ids: list[int], chunks: SelectedChunks,
@@ -113,8 +117,10 @@ def build_paged_context(model: DiffusionLM, document: DocumentKV, chunk_ids: lis
     for the question's pass (`QueryPass`, which also sets `anchor_logits`) and the answer.
 
     The pages are moved to `chunks.starts` by the kernel's per-page query rotation. With `reuse` of
-    the same layout (same document, K, kept tokens, tail capacity, block), its buffers are refilled
-    in place and returned, so the graphs captured over them replay for this question.
+    the same layout (K, kept tokens, tail capacity, block, and the pages' strides; for the reference
+    path, which reads pages by their tensors' addresses, the same document), its buffers are refilled
+    in place and returned, so the graphs captured over them replay for this question, on this
+    document or another.
     """
     cfg, device = model.cfg, model.embed_tokens.weight.device
     k, c = chunks.tokens.shape
@@ -135,20 +141,27 @@ def build_paged_context(model: DiffusionLM, document: DocumentKV, chunk_ids: lis
             return all_tokens
         return torch.where(chunks.valid[:, None, :], chunks.kept[:, layer], -1).to(torch.int32).to(device)
 
-    layout = (document.keys.data_ptr(), tuple(document.keys.shape), k, chunks.valid.shape[1], chunks.kept is None,
-              cap, block_length, use_kernel)
-    # Only pages read in place can be reused: a document elsewhere is copied to the device anew
-    # for every question, at a new address.
-    in_place = document.keys.device == device
-    if reuse is not None and in_place and reuse.layout == layout:
+    k_pages, v_pages = document.keys.to(device), document.values.to(device)  # [L, N, Hkv, C, D]; in place if there
+    # The kernel reads the pages through addresses kept in a buffer (PagedKV.page_base), so the
+    # captured graphs serve any document whose pages have these strides. The reference path reads
+    # them by the tensors' own addresses, so there the document itself must match.
+    pages = tuple(k_pages[0].stride()) if use_kernel else (k_pages.data_ptr(), tuple(k_pages.shape))
+    layout = (pages, k_pages.dtype, k, chunks.valid.shape[1], chunks.kept is None, cap, block_length, use_kernel)
+    bos_keys = page_bos_keys(k_pages, page_ids)  # [L, K, Hkv, D]
+
+    def addresses(tails: list[torch.Tensor]) -> torch.Tensor:  # [L, 2] int64, on the host
+        return torch.stack([page_addresses(k_pages[layer], v_pages[layer], tail) for layer, tail in enumerate(tails)])
+
+    if reuse is not None and reuse.layout == layout:
         shared = reuse.layers[0].kv
         shared.page_ids.copy_(page_ids)
         shared.rot_cos.copy_(cos)
         shared.rot_sin.copy_(sin)
+        reuse.page_base.copy_(addresses([cache.kv.k_tail for cache in reuse.layers]))
+        reuse.bos_keys.copy_(bos_keys)
         for layer, (cache, (kk, vv)) in enumerate(zip(reuse.layers, prefix_kv, strict=True)):
-            # The same addresses (the layout checks it), so a graph captured over the old views
-            # reads these pages; the views are set for the eager paths.
-            cache.kv = replace(cache.kv, k_pages=document.keys[layer], v_pages=document.values[layer])
+            # The kernel reads the pages through page_base; the views are set for the eager paths.
+            cache.kv = replace(cache.kv, k_pages=k_pages[layer], v_pages=v_pages[layer])
             if layer == 0 or chunks.kept is not None:
                 cache.kv.token_ids.copy_(token_ids(layer))
             cache.kv.k_tail[:, :prefix_len] = kk[0]
@@ -158,19 +171,21 @@ def build_paged_context(model: DiffusionLM, document: DocumentKV, chunk_ids: lis
         return reuse
     slots = torch.zeros(block_length, dtype=torch.long, device=device)
     tail_len = torch.tensor([tail_rows], dtype=torch.int32, device=device)
+    tails = [kk.new_zeros(2, cfg.num_kv_heads, cap, cfg.head_dim) for kk, _ in prefix_kv]  # per layer: k, v
+    page_base = addresses([tail[0] for tail in tails]).to(device)  # [L, 2]
+    bos_keys = bos_keys.contiguous()  # [L, K, Hkv, D], a buffer of its own
     plan = None
     layers = []
-    for layer, (kk, vv) in enumerate(prefix_kv):
-        k_tail = kk.new_zeros(cfg.num_kv_heads, cap, cfg.head_dim)
-        v_tail = torch.zeros_like(k_tail)
+    for layer, ((kk, vv), (k_tail, v_tail)) in enumerate(zip(prefix_kv, tails, strict=True)):
         k_tail[:, :prefix_len] = kk[0]
         v_tail[:, :prefix_len] = vv[0]
-        paged = PagedKV(document.keys[layer].to(device), document.values[layer].to(device), page_ids,
-                        token_ids(layer), cos, sin, k_tail, v_tail, tail_len)
+        paged = PagedKV(k_pages[layer], v_pages[layer], page_ids, token_ids(layer), cos, sin, k_tail, v_tail,
+                        tail_len, page_base[layer] if use_kernel else None, bos_keys[layer])
         if plan is None:  # shapes are the same in every layer
             plan = make_split_plan(paged, cfg.num_heads // cfg.num_kv_heads * block_length)
         layers.append(PagedLayerCache(paged, plan, slots, use_kernel))
-    return PagedContext(layers, slots, tail_len, tail_rows, answer_start, None, layout, prefix_len)
+    return PagedContext(layers, slots, tail_len, tail_rows, answer_start, None, layout, prefix_len, page_base,
+                        bos_keys)
 
 
 class _BlockForward:

@@ -14,6 +14,7 @@ inside a CUDA graph, as decoding runs it (`*_graph_ms`: the GPU time alone).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -21,7 +22,13 @@ from pathlib import Path
 
 import torch
 
-from engine.attention.split_kv import PagedKV, make_split_plan, split_kv_attention, split_kv_reference
+from engine.attention.split_kv import (
+    PagedKV,
+    make_split_plan,
+    page_addresses,
+    split_kv_attention,
+    split_kv_reference,
+)
 from engine.rope import rerotate, shift_cos_sin
 
 SHAPES = {"dream-7b": (28, 4), "llada-8b": (32, 32)}
@@ -105,8 +112,11 @@ def _measure(shape: str, hq: int, hkv: int, cached: int, keep: int, flex) -> dic
     ref = split_kv_reference(q, kv, scale).float()
     k_cat, v_cat = _gathered(kv, starts)
     q4, gqa = q[None], hq != hkv
+    # Pages read through addresses kept on the device, as the engine's decode step reads them.
+    indirect = dataclasses.replace(kv, page_base=page_addresses(kv.k_pages, kv.v_pages, kv.k_tail).to(q.device))
     variants = {
         "split_kv": lambda: split_kv_attention(q, kv, scale, plan),
+        "split_kv_indirect": lambda: split_kv_attention(q, indirect, scale, plan),
         "flex_gathered": lambda: flex(q4, k_cat, v_cat, scale=scale, enable_gqa=gqa)[0],
         "sdpa_gathered": lambda: torch.nn.functional.scaled_dot_product_attention(
             q4, k_cat, v_cat, scale=scale, enable_gqa=gqa)[0],

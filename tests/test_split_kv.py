@@ -16,8 +16,11 @@ from engine.answer import AnswerResult, stream_answer
 from engine.attention import select_backend
 from engine.attention.split_kv import (
     PagedKV,
+    bos_attention_mass,
     kernel_usable,
     make_split_plan,
+    page_addresses,
+    page_bos_keys,
     split_kv_attention,
     split_kv_reference,
     triton,
@@ -77,6 +80,31 @@ def test_split_kv_matches_reference(device, dtype, case, hq_per_kv, tq):
         # The merged log-sum-exp (what the BOS anchors are computed from) and the output without it.
         torch.testing.assert_close(lse, ref_lse, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
         torch.testing.assert_close(split_kv_attention(q, kv, 0.1, plan), out, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_split_kv_reads_pages_through_their_addresses(device):
+    """With `page_base`, the kernel reads the pages at those addresses, not k_pages' own (here
+    zeros), which is what lets one captured graph serve another document."""
+    kv = _paged(device, torch.float32)
+    q = torch.randn(6, 7, kv.k_pages.shape[-1]).to(device)
+    ref_lse = torch.empty(q.shape[:2], dtype=torch.float32, device=device)
+    ref = split_kv_reference(q, kv, 0.1, lse_out=ref_lse)
+    real_k, real_v = kv.k_pages.clone(), kv.v_pages.clone()
+    decoy = dataclasses.replace(kv, k_pages=torch.zeros_like(real_k), v_pages=torch.zeros_like(real_v),
+                                page_base=page_addresses(real_k, real_v, kv.k_tail).to(device),
+                                bos_keys=page_bos_keys(real_k, kv.page_ids))
+    plan = make_split_plan(decoy, 21, block_n=16)
+    lse = torch.empty_like(ref_lse)
+    torch.testing.assert_close(split_kv_attention(q, decoy, 0.1, plan, lse_out=lse), ref, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=2e-5, rtol=2e-5)
+    # Without the addresses it reads the zeros: the check above is not vacuous.
+    zeros = dataclasses.replace(decoy, page_base=None)
+    assert not torch.allclose(split_kv_attention(q, zeros, 0.1, plan), ref, atol=1e-3)
+    # The BOS anchors read the kept BOS keys, not the pages.
+    weights = torch.full((7,), 1 / 7, device=device)
+    torch.testing.assert_close(bos_attention_mass(q, decoy, 0.1, ref_lse, weights),
+                               bos_attention_mass(q, kv, 0.1, ref_lse, weights))
 
 
 def test_reference_moves_pages_like_place_chunks():
@@ -158,8 +186,9 @@ def test_paged_runner_decodes_like_contiguous_runner(family, token_budget, posit
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_second_question_reuses_the_paged_buffers(family, device):
     """A PagedDecodeCache hands the first question's buffers (and, on CUDA, its captured graph) to
-    the next question of the same layout; that question decodes exactly as without the cache, and
-    no document's KV is kept alive by the cache between questions."""
+    the next question of the same layout, on the same document or (through the kernel) another;
+    that question decodes exactly as without the cache, and no document's KV is kept alive by the
+    cache between questions."""
     torch.manual_seed(0)
     model = _tiny(family, torch.float32, device)
     attention = select_backend(device, torch.float32)
@@ -179,9 +208,16 @@ def test_second_question_reuses_the_paged_buffers(family, device):
         fresh, f_steps = _answer(model, attention, doc, second, static_layout="contiguous", token_budget=budget)
         assert [(s.positions, s.tokens) for s in r_steps] == [(s.positions, s.tokens) for s in f_steps]
         torch.testing.assert_close(reused.trace.anchors_decode, fresh.trace.anchors_decode, atol=1e-5, rtol=1e-4)
+    # Another document, then the first again: the kernel reads pages through the addresses the
+    # context holds (PagedKV.page_base), so its buffers and graph serve both; the reference path
+    # reads the pages' tensors, so there another document gets new buffers.
     other = prefill_document(model, attention, torch.randint(8, 512, (400,), generator=g).to(device), 37)
-    _answer(model, attention, other, second, cache, static_layout="paged")
-    assert cache.context is not context  # another document: new buffers
+    for d in (other, doc):
+        reused, r_steps = _answer(model, attention, d, second, cache, static_layout="paged", token_budget=9)
+        assert (cache.context is context) == kernel_usable(device, model.cfg.head_dim)
+        fresh, f_steps = _answer(model, attention, d, second, static_layout="contiguous", token_budget=9)
+        assert [(s.positions, s.tokens) for s in r_steps] == [(s.positions, s.tokens) for s in f_steps]
+        torch.testing.assert_close(reused.trace.anchors_decode, fresh.trace.anchors_decode, atol=1e-5, rtol=1e-4)
 
 
 def test_question_pass_sizes_on_one_context():

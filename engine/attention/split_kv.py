@@ -46,6 +46,14 @@ class PagedKV:
     k_tail: torch.Tensor  # [Hkv, T_cap, D] keys after RoPE at their final positions
     v_tail: torch.Tensor  # [Hkv, T_cap, D]
     tail_len: torch.Tensor  # [1] int32 (a tensor, so one captured CUDA graph serves every step)
+    # [2] int64 on the device, `page_addresses(k_pages, v_pages, k_tail)`: when set, the kernel
+    # reads the pages through these (offsets from k_tail), not through k_pages' and v_pages' own
+    # addresses, so a graph captured over one document replays over another with the same page
+    # strides once they are rewritten.
+    page_base: torch.Tensor | None = None
+    # [K, Hkv, D] each page slot's BOS key (local position 0), refilled with the pages: what
+    # `bos_attention_mass` reads when set, for the same reason.
+    bos_keys: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n, hkv, _, d = self.k_pages.shape
@@ -56,10 +64,27 @@ class PagedKV:
         assert self.k_tail.stride() == self.v_tail.stride(), "k_tail and v_tail must share strides"
         assert (self.rot_cos is None) == (self.rot_sin is None)
         assert d % 2 == 0
+        assert self.page_base is None or (self.page_base.dtype == torch.int64 and self.page_base.shape == (2,))
+        assert self.bos_keys is None or self.bos_keys.shape == (self.page_ids.numel(), hkv, d)
 
     @property
     def num_kv_heads(self) -> int:
         return self.k_pages.shape[1]
+
+
+def page_addresses(k_pages: torch.Tensor, v_pages: torch.Tensor, k_tail: torch.Tensor) -> torch.Tensor:
+    """[2] int64 (host): where k_pages and v_pages start, as offsets from k_tail's start in units
+    of 16 bytes (all three are 16-byte aligned and of one dtype, as the kernel assumes)."""
+    assert k_pages.dtype == v_pages.dtype == k_tail.dtype, "pages and tail must share a dtype"
+    offsets = [p.data_ptr() - k_tail.data_ptr() for p in (k_pages, v_pages)]
+    assert all(a % 16 == 0 for a in (*offsets, k_tail.data_ptr())), "pages must start on a 16-byte boundary"
+    return torch.tensor([o // 16 for o in offsets], dtype=torch.int64)
+
+
+def page_bos_keys(k_pages: torch.Tensor, page_ids: torch.Tensor) -> torch.Tensor:
+    """k_pages [..., N, Hkv, C, D] -> [..., K, Hkv, D]: each page slot's key at local position 0
+    (the BOS), at that local position."""
+    return k_pages.index_select(-4, page_ids.long()).select(-2, 0)
 
 
 def split_kv_reference(q: torch.Tensor, kv: PagedKV, scale: float,
@@ -112,7 +137,7 @@ def bos_attention_mass(q: torch.Tensor, kv: PagedKV, scale: float, lse: torch.Te
     """
     hq, tq, d = q.shape
     hkv = kv.num_kv_heads
-    bos = kv.k_pages[kv.page_ids.long(), :, 0].float()  # [K, Hkv, D] at local position 0
+    bos = (kv.bos_keys if kv.bos_keys is not None else page_bos_keys(kv.k_pages, kv.page_ids)).float()  # [K, Hkv, D]
     if kv.rot_cos is not None:  # R(start) k, the BOS at its placed position
         half = d // 2
         c, s = kv.rot_cos.float()[:, None], kv.rot_sin.float()[:, None]  # [K, 1, D/2]
@@ -174,13 +199,14 @@ if triton is not None:
 
     @triton.jit
     def _split_kv_kernel(
-        Q, KP, VP, PAGE_IDS, TOKEN_IDS, ROT_COS, ROT_SIN, KT, VT, TAIL_LEN, OUT, LSE,
+        Q, KP, VP, PAGE_BASE, PAGE_IDS, TOKEN_IDS, ROT_COS, ROT_SIN, KT, VT, TAIL_LEN, OUT, LSE,
         stride_qh, stride_qt, stride_pn, stride_ph, stride_pc, stride_th, stride_tt,
         stride_tk, stride_tth, stride_os, stride_oh, stride_om, stride_ls, stride_lh,
         num_page_splits, num_slots, kept, Tq, M, G, qk_scale,
         PAGES_PER_SPLIT: tl.constexpr, PAGE_PARTS: tl.constexpr, PART_LEN: tl.constexpr, TAIL_SPLIT: tl.constexpr,
         HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        HAS_ROT: tl.constexpr, PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
+        HAS_ROT: tl.constexpr, PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, INDIRECT: tl.constexpr,
+        ELEMS_16B: tl.constexpr,
     ):
         s = tl.program_id(0)  # split: page splits first, then tail splits
         h = tl.program_id(1)
@@ -199,6 +225,14 @@ if triton is not None:
         acc1 = tl.zeros([BLOCK_M, HALF], tl.float32)
         acc2 = tl.zeros([BLOCK_M, HALF], tl.float32)
         if s < num_page_splits:
+            if INDIRECT:  # the pages' addresses are data (see PagedKV.page_base)
+                # Offsets from the tail's address in 16-byte units, times the elements in 16 bytes:
+                # the compiler then knows the pages are 16-byte aligned and reads them in vectors
+                # (a loaded address converted to a pointer tells it nothing: 1.5-1.8x slower).
+                k_root = KT + tl.load(PAGE_BASE) * ELEMS_16B
+                v_root = KT + tl.load(PAGE_BASE + 1) * ELEMS_16B
+            else:
+                k_root, v_root = KP, VP
             first_slot = (s // PAGE_PARTS) * PAGES_PER_SPLIT
             n_lo = (s % PAGE_PARTS) * PART_LEN  # this split's part of each page's kept tokens
             for i in range(PAGES_PER_SPLIT):
@@ -213,8 +247,8 @@ if triton is not None:
                     qa, qb = q1 * c + q2 * sn, q2 * c - q1 * sn
                 qa = (qa * qk_scale).to(dot_ty)
                 qb = (qb * qk_scale).to(dot_ty)
-                k_base = KP + page * stride_pn + h * stride_ph
-                v_base = VP + page * stride_pn + h * stride_ph
+                k_base = k_root + page * stride_pn + h * stride_ph
+                v_base = v_root + page * stride_pn + h * stride_ph
                 for n0 in range(0, PART_LEN, BLOCK_N):
                     offs_n = n_lo + n0 + tl.arange(0, BLOCK_N)
                     tok = tl.load(TOKEN_IDS + slot * stride_tk + h * stride_tth + offs_n,
@@ -318,16 +352,18 @@ def split_kv_attention(q: torch.Tensor, kv: PagedKV, scale: float, plan: SplitPl
     rot_cos = kv.rot_cos if has_rot else lse  # any tensor; never read without HAS_ROT
     rot_sin = kv.rot_sin if has_rot else lse
     slots, kept = kv.token_ids.shape[0], kv.token_ids.shape[2]
+    indirect = kv.page_base is not None
     _split_kv_kernel[(sp + st, hkv, triton.cdiv(m, plan.block_m))](
-        q, kv.k_pages, kv.v_pages, kv.page_ids, kv.token_ids, rot_cos, rot_sin, kv.k_tail, kv.v_tail,
-        kv.tail_len, work, lse, q.stride(0), q.stride(1), kv.k_pages.stride(0), kv.k_pages.stride(1),
-        kv.k_pages.stride(2), kv.k_tail.stride(0), kv.k_tail.stride(1), kv.token_ids.stride(0),
+        q, kv.k_pages, kv.v_pages, kv.page_base if indirect else kv.page_ids, kv.page_ids, kv.token_ids, rot_cos,
+        rot_sin, kv.k_tail, kv.v_tail, kv.tail_len, work, lse, q.stride(0), q.stride(1), kv.k_pages.stride(0),
+        kv.k_pages.stride(1), kv.k_pages.stride(2), kv.k_tail.stride(0), kv.k_tail.stride(1), kv.token_ids.stride(0),
         kv.token_ids.stride(1), work.stride(0), work.stride(1), work.stride(2), lse.stride(0), lse.stride(1),
         sp, slots, kept, tq, m, g, scale * math.log2(math.e),
         PAGES_PER_SPLIT=plan.pages_per_split, PAGE_PARTS=plan.page_parts, PART_LEN=plan.part_len,
         TAIL_SPLIT=plan.tail_split, HALF=d // 2, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, HAS_ROT=has_rot,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        DOT_FP32=q.dtype == torch.float32 or _interpreting(), num_warps=4)
+        DOT_FP32=q.dtype == torch.float32 or _interpreting(), INDIRECT=indirect,
+        ELEMS_16B=16 // kv.k_tail.element_size(), num_warps=4)
     if out is None:
         out = torch.empty_like(q)
     if lse_out is not None:

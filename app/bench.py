@@ -6,7 +6,10 @@ with steps = answer length, stop at EOS off), so random weights cannot change th
 Phases come from the answer trace (draft, scoring, selection, kv_build, decode); `prefill` is the
 one-time chunked prefill of static/joint; "first" is prefill + the first question; "cached" is a
 second, different question on the already prefilled document (the steady state: static reuses the
-first question's decode buffers and CUDA graph); phases and steps are the cached question's.
+first question's decode buffers and CUDA graphs); phases and steps are the cached question's,
+`first_phases` the first question's. One `PagedDecodeCache` serves the whole run, as one serves an
+engine's life in the app: what does not depend on the document (the draft's graph, the prefix's KV)
+is made once, in the warm-up.
 Where `dense` would take too long, a few of its steps are timed and the rest
 extrapolated (marked in the table).
 """
@@ -28,7 +31,7 @@ from engine.config import ModelConfig
 from engine.decode import DecodeStep
 from engine.kv_cache import DocumentKV
 from engine.paged_decode import PagedDecodeCache
-from engine.prefill import prefill_document
+from engine.prefill import PREFILL_TOKEN_BUDGET, chunks_per_batch, prefill_document
 from engine.prompting import QuestionPrompt
 from engine.weights import random_model
 
@@ -55,6 +58,7 @@ class BenchRow:
     decode_step_ms: float
     steps: int
     phases: dict[str, float]
+    first_phases: dict[str, float]  # the first question's (prefill not included)
     peak_gib: float
     extrapolated: bool
     static_layout: str  # "paged" (split-KV + CUDA graph) or "contiguous"; "-" for other modes
@@ -100,17 +104,19 @@ def _answer(model, attention, doc, prompt, params, max_steps: int | None, paged_
 
 
 def _warm_up(model, attention, cfg: ModelConfig, modes: list[str], chunk_size: int, top_k: int,
-             gen: torch.Generator, compile_layers: bool, scoring: ScoringParams) -> None:
-    """One untimed question per mode on a small document: cuBLAS, Triton and torch.compile
-    compilation and lazy initialisation happen here, not in the first timed context."""
+             gen: torch.Generator, compile_layers: bool, scoring: ScoringParams, cache: PagedDecodeCache) -> None:
+    """One untimed question per mode on a document of one full prefill batch: cuBLAS, Triton and
+    torch.compile compilation, the allocator's growth to a prefill batch's activations and lazy
+    initialisation happen here, not in the first timed context."""
     layer_fns = layer_functions_for(model.embed_tokens.weight.device, compile_layers, dynamic=True)
-    doc = prefill_document(model, attention, torch.randint(8, cfg.vocab_size, (chunk_size * (top_k + 1),),
-                                                           generator=gen), chunk_size, layer_fns=layer_fns)
+    chunks = max(top_k + 1, chunks_per_batch(chunk_size, PREFILL_TOKEN_BUDGET))
+    doc = prefill_document(model, attention, torch.randint(8, cfg.vocab_size, (chunk_size * chunks,), generator=gen),
+                           chunk_size, layer_fns=layer_fns)
     sampling = SamplingParams(decoder="low_confidence", gen_length=32, block_length=32, steps=32, stop_at_eos=False)
     for mode in modes:
         params = AnswerParams(top_k=top_k, kv_mode=mode, sampling=sampling, compile_layers=compile_layers,
                               scoring=scoring)
-        _answer(model, attention, doc, _question(cfg, gen), params, 2 if mode == "dense" else None)
+        _answer(model, attention, doc, _question(cfg, gen), params, 2 if mode == "dense" else None, cache)
 
 
 def _matmul_flops_per_token(cfg: ModelConfig) -> float:
@@ -128,7 +134,8 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
     model = random_model(cfg, dev, dtype)
     attention = select_backend(dev, dtype)
     gen = torch.Generator().manual_seed(0)
-    _warm_up(model, attention, cfg, modes, chunk_size, top_k, gen, compile_layers, scoring)
+    cache = PagedDecodeCache()  # the engine's: decode buffers, graphs and the prefix's KV across questions
+    _warm_up(model, attention, cfg, modes, chunk_size, top_k, gen, compile_layers, scoring, cache)
     layer_fns = layer_functions_for(dev, compile_layers, dynamic=True)
     rows = []
     for context in contexts:
@@ -170,24 +177,24 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
                         max_steps = 2
                 elif mode == "fastdllm" and answer > 32 and context * answer > 32768 * 64:
                     max_steps = 32  # one whole block (its full forward and its steps), then x blocks
-                cache = PagedDecodeCache()  # the method keeps its decode buffers and graph across questions
                 try:
                     total, step_s, steps, phases, extrapolated, layout = _answer(model, attention, doc, prompt,
                                                                                  params, max_steps, cache)
-                    first = total
+                    first, first_phases = total, phases
                     if mode in ("static", "joint"):  # the steady state: a second, different question
                         total, step_s, steps, phases, extrapolated, layout = _answer(model, attention, doc, second,
                                                                                      params, max_steps, cache)
                 except torch.OutOfMemoryError:  # a mode that does not fit is reported, the others still run
                     progress(f"{shape} {mode:>8} ctx {context:>7} ans {answer:>4}: out of memory (no row)")
-                    del cache
+                    cache = PagedDecodeCache()  # frees what the failed question left in the old one
                     if dev.type == "cuda":
                         torch.cuda.empty_cache()
                     continue
                 peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else 0.0
                 own_prefill = prefill_s if mode in ("static", "joint") else 0.0
                 row = BenchRow(shape, mode, context, answer, own_prefill, own_prefill + first, total, 1000 * step_s,
-                               steps, phases, peak, extrapolated, layout, prefill_tflops if own_prefill else 0.0)
+                               steps, phases, first_phases, peak, extrapolated, layout,
+                               prefill_tflops if own_prefill else 0.0)
                 rows.append(row)
                 progress(f"{shape} {mode:>8} ctx {context:>7} ans {answer:>4}: first {row.first_question_s:8.3f} s, "
                          f"cached {row.cached_question_s:8.3f} s, step {row.decode_step_ms:8.2f} ms"

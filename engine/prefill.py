@@ -12,6 +12,7 @@ from engine.kv_cache import DocumentKV
 from engine.model import DiffusionLM, LayerFunctions
 
 ProgressFn = Callable[[int, int], None]  # (chunks done, chunks total)
+PREFILL_TOKEN_BUDGET = 16384  # tokens one prefill forward holds, by default
 
 
 def chunks_per_batch(chunk_size: int, token_budget: int) -> int:
@@ -22,7 +23,7 @@ def chunks_per_batch(chunk_size: int, token_budget: int) -> int:
 @torch.inference_mode()
 def prefill_document(model: DiffusionLM, attention: AttentionBackend,
                      token_ids: torch.Tensor | list[int], chunk_size: int,
-                     progress: ProgressFn | None = None, token_budget: int = 16384,
+                     progress: ProgressFn | None = None, token_budget: int = PREFILL_TOKEN_BUDGET,
                      out_device: torch.device | str | None = None,
                      layer_fns: LayerFunctions | None = None) -> DocumentKV:
     """Encodes a document's content tokens into per-chunk KV.

@@ -9,7 +9,10 @@ torch.profiler with the profiler started after the first decode step, so the tab
 steps only. Scoring (`score_document`) is profiled on its own (compiled layer halves); prefill,
 the draft and scoring are also timed with eager and with compiled (dynamic-shape) layer halves, and
 as the engine runs them (passes kept across questions, captured graphs on CUDA). `--sections`
-picks some of scoring, decode, kv_build. Writes `<variant>.txt` kernel tables and `summary.json`
+picks some of scoring, decode, kv_build, first (a new document's first question in a warmed-up
+engine: prefill and the first three questions timed by phase, then one profile of a first
+question). `--decode-compile-mode` compiles the decode step's fixed-shape halves with another
+torch.compile mode (an experiment; the app uses the default). Writes `<variant>.txt` kernel tables and `summary.json`
 (phases, kernels per step, GPU-busy ms per step against wall ms).
 """
 
@@ -37,7 +40,7 @@ from engine.prefill import prefill_document
 from engine.static_decode import build_static_context
 from engine.weights import random_model
 
-SECTIONS = ("scoring", "decode", "kv_build")
+SECTIONS = ("scoring", "decode", "kv_build", "first")
 KINDS = [("gemm", r"gemm|gemv|cutlass|sm90|matmul|splitK|nvjet"), ("split_kv", r"split_kv|_merge_kernel"),
          ("inductor", r"^triton_"), ("attention", r"flash|fmha|attention|efficient"),
          ("softmax/reduce", r"softmax|reduce|argmax|max_|topk|sort"), ("copy/index", r"copy|index|gather|scatter|cat")]
@@ -75,6 +78,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("profile"))
     ap.add_argument("--device", default="cuda", help="cpu only to smoke-test the script (with --shape tiny)")
     ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    ap.add_argument("--decode-compile-mode", default=None, help="e.g. max-autotune-no-cudagraphs")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(args.device)
@@ -95,6 +99,9 @@ def main() -> None:
                      "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
                      "torch": torch.__version__, "variants": {}}
 
+    if args.decode_compile_mode:
+        _compile_decode_with(args.decode_compile_mode)
+        summary["decode_compile_mode"] = args.decode_compile_mode
     compiled = compiled_layer_functions(dynamic=True) if dev.type == "cuda" else None
     draft_args = (model, attention, prompt.prefix_ids + prompt.query_ids, scoring.draft_slots, scoring.draft_rounds)
     draft = draft_pseudo_labels(*draft_args, layer_fns=compiled)
@@ -111,6 +118,11 @@ def main() -> None:
         summary["kv_build"] = _profile_kv_build(model, attention, doc, prompt, rows, scoring, sampling, args, sync,
                                                 activities, sort_by)
         print("kv_build", json.dumps(summary["kv_build"], indent=1), flush=True)
+    if "first" in args.sections:
+        del doc
+        summary["first"] = _profile_first(model, attention, prompt, scoring, sampling, args, sync, activities,
+                                          sort_by)
+        print("first", json.dumps(summary["first"], indent=1), flush=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
 
 
@@ -229,6 +241,66 @@ def _profile_kv_build(model, attention, doc, prompt, rows, scoring, sampling, ar
             ("prefix_forward_ms", prefix))}
     out.update(_profile_once(whole, args.out / "kv_build", sync, activities, sort_by))
     return out
+
+
+def _profile_first(model, attention, prompt, scoring, sampling, args, sync, activities, sort_by) -> dict:
+    """A new document's first question in a warmed-up engine: one PagedDecodeCache throughout, as
+    an engine keeps one. Document A warms up (two questions); B and C are new documents of the same
+    length: their prefill and first, second and third questions are timed by phase, and C's first
+    question is profiled (`first_question.txt`, by GPU time; `first_question_cpu.txt`, by host time)."""
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(1)
+    cache = PagedDecodeCache()
+    params = AnswerParams(top_k=args.top_k, scoring=scoring, sampling=sampling)
+    compiled = compiled_layer_functions(dynamic=True) if model.embed_tokens.weight.is_cuda else None
+
+    def prefill():
+        tokens = torch.randint(8, cfg.vocab_size, (args.context,), generator=gen)
+        sync()
+        t = time.perf_counter()
+        doc = prefill_document(model, attention, tokens, args.chunk_size, layer_fns=compiled)
+        sync()
+        return doc, time.perf_counter() - t
+
+    def ask(doc, question=None):
+        question = question or _question(cfg, gen)
+        sync()
+        t = time.perf_counter()
+        result = [e for e in stream_answer(model, attention, None, [doc], question, params, cache)][-1]
+        sync()
+        return {"s": time.perf_counter() - t, "phases": result.trace.timings}
+
+    out = {}
+    doc, out["prefill_a_s"] = prefill()
+    ask(doc)
+    ask(doc)
+    del doc
+    doc, out["prefill_b_s"] = prefill()
+    for name in ("first", "second", "third"):
+        out[name] = ask(doc)
+        print(name, out[name], flush=True)
+    del doc
+    doc, out["prefill_c_s"] = prefill()
+    question = _question(cfg, gen)
+    out["profiled_first"] = _profile_once(lambda: ask(doc, question), args.out / "first_question", sync, activities,
+                                          sort_by)
+    return out
+
+
+def _compile_decode_with(mode: str) -> None:
+    """Experiment: the decode step's fixed-shape halves compiled with torch.compile `mode` (the
+    question's other passes keep the default dynamic halves)."""
+    from engine import compiled_layers
+    from engine.model import Block, LayerFunctions
+
+    fixed = LayerFunctions(
+        compiled_layers._EagerOnFailure(torch.compile(compiled_layers._inputs_fixed, dynamic=False, fullgraph=True,
+                                                      mode=mode), Block.attention_inputs),
+        compiled_layers._EagerOnFailure(torch.compile(compiled_layers._finish_fixed, dynamic=False, fullgraph=True,
+                                                      mode=mode), Block.finish))
+    default = answer_mod.layer_functions_for
+    answer_mod.layer_functions_for = lambda device, enabled, dynamic: (
+        fixed if enabled and not dynamic and torch.device(device).type == "cuda" else default(device, enabled, dynamic))
 
 
 def _profile_once(fn, stem: Path, sync, activities, sort_by) -> dict:

@@ -106,7 +106,7 @@ class PagedContext:
     anchor_logits: torch.Tensor | None  # [V] the row before the answer (shifted models), set by QueryPass
     layout: tuple  # what must match for another question to reuse these buffers (and a captured graph)
     prefix_len: int  # tail rows [0, prefix_len) hold the prefix; the question's rows follow, up to answer_row
-    page_base: torch.Tensor  # [L, 2] int64: each layer's page addresses (PagedKV.page_base)
+    page_base: torch.Tensor  # [L, 2] int64: where each layer's pages are, for the kernel (PagedKV.page_base)
     bos_keys: torch.Tensor  # [L, K, Hkv, D]: each layer's page BOS keys (PagedKV.bos_keys)
 
 

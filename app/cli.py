@@ -76,6 +76,9 @@ def _build_parser() -> argparse.ArgumentParser:
     ed.add_argument("--tasks", nargs="+", default=None)
     ed.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536, 131072])
     ed.add_argument("--samples", type=int, default=10)
+    ed.add_argument("--seed", type=int, default=42,
+                    help="RULER's random seed (42: the samples the model card reports; another: held-out samples "
+                         "for tuning settings)")
 
     def service_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--model", type=Path, default=None, help="local checkpoint folder (default: the bundled model)")
@@ -214,7 +217,8 @@ def _cmd_eval_data(args: argparse.Namespace) -> int:
     from app import ruler
 
     tasks = args.tasks or list(ruler.TASKS)
-    ruler.generate(args.out, args.model, tasks, args.lengths, dict.fromkeys(args.lengths, args.samples))
+    ruler.generate(args.out, args.model, tasks, args.lengths, dict.fromkeys(args.lengths, args.samples),
+                   seed=args.seed)
     return EXIT_OK
 
 

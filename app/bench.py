@@ -227,6 +227,29 @@ def table(rows: list[BenchRow]) -> str:
                    f"{r.first_question_s:.3f}{mark} | {r.cached_question_s:.3f}{mark} | {r.decode_step_ms:.2f} | "
                    f"{ratio(r, 'dense', 'cached_question_s')} | {ratio(r, 'dense', 'first_question_s')} | "
                    f"{ratio(r, 'fastdllm', 'cached_question_s')} |")
+    return "\n".join(out) + "\n\n" + phase_table(rows)
+
+
+PHASES = ("draft", "scoring", "selection", "kv_build", "decode")
+
+
+def phase_table(rows: list[BenchRow]) -> str:
+    """Markdown: each phase of the cached question in ms (the first question's in brackets where it
+    differs by more than 1 ms), the prefill's matmul rate and the peak memory."""
+    out = ["| shape | context | answer | mode | " + " | ".join(f"{p} ms" for p in PHASES)
+           + " | prefill TFLOP/s | peak GiB |", "|---" * (len(PHASES) + 6) + "|"]
+
+    def cell(r: BenchRow, phase: str) -> str:
+        if phase not in r.phases:
+            return "-"
+        cached, first = 1000 * r.phases[phase], 1000 * r.first_phases.get(phase, r.phases[phase])
+        return f"{cached:.1f}" + (f" ({first:.1f})" if abs(first - cached) > 1.0 else "")
+
+    for r in rows:
+        mode = r.mode + (" (extrapolated)" if r.extrapolated else "")
+        tflops = f"{r.prefill_tflops:.0f}" if r.prefill_tflops else "-"
+        out.append(f"| {r.shape} | {r.context} | {r.answer} | {mode} | " + " | ".join(cell(r, p) for p in PHASES)
+                   + f" | {tflops} | {r.peak_gib:.1f} |")
     return "\n".join(out) + "\n"
 
 

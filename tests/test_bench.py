@@ -25,4 +25,10 @@ def test_bench_runs_every_mode_with_the_same_rule(tmp_path):
     assert len(data["rows"]) == 8
     md = (tmp_path / "bench.md").read_text()
     assert "| tiny | 256 | 32 | dense |" in md and "(extrapolated)" in md
+    # The phases table: every phase of the static rows, the first question's where it differs.
+    phases = md.split("\n\n")[1].splitlines()
+    assert phases[0].startswith("| shape | context | answer | mode | draft ms | scoring ms |")
+    static = next(line for line in phases if line.startswith("| tiny | 256 | 32 | static |"))
+    assert all(cell.strip() != "-" for cell in static.split("|")[5:10])
+    assert all(r.first_phases for r in rows)
     assert (tmp_path / "bench.png").stat().st_size > 1000

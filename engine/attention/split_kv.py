@@ -84,7 +84,7 @@ def page_addresses(k_pages: torch.Tensor, v_pages: torch.Tensor, k_tail: torch.T
 def page_bos_keys(k_pages: torch.Tensor, page_ids: torch.Tensor) -> torch.Tensor:
     """k_pages [..., N, Hkv, C, D] -> [..., K, Hkv, D]: each page slot's key at local position 0
     (the BOS), at that local position."""
-    return k_pages.index_select(-4, page_ids.long()).select(-2, 0)
+    return k_pages.select(-2, 0).index_select(-3, page_ids.long())  # position 0 first: no whole pages copied
 
 
 def split_kv_reference(q: torch.Tensor, kv: PagedKV, scale: float,

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +18,7 @@ from app import ruler
 from app.defaults import BUNDLED_MODEL
 from app.evaluation import EvalRow, heatmap, summarize
 from app.sentences import split_sentences
+from engine.weights import load_model
 from training.tasks import (
     ROLE_ANSWER,
     ROLE_CHUNK,
@@ -34,16 +41,20 @@ def _flat(seqs):
             "offsets": torch.cat((torch.zeros(1, dtype=torch.long), lengths.cumsum(0)))}
 
 
-def _sampler(chunk=64, answer=24):
+def _corpus():
+    """A small corpus in the format training.prepare writes (tokenized essays and paragraphs)."""
     sentences = [TOK.encode(f" Sentence number {i} talks about rivers and hills.").ids for i in range(200)]
     paragraphs = [TOK.encode(f"Title {i}\nParagraph {i} mentions the town of Alder {i}.").ids for i in range(30)]
-    corpus = {"essay_sentences": _flat(sentences), "paragraphs": _flat(paragraphs),
-              "paragraph_titles": [f"Title {i}" for i in range(30)],
-              "qa": [{"question": "Which town?", "answer": "Alder 3", "gold": [3], "paragraphs": [3, 4, 5]}],
-              "adjectives": ["quiet", "amber"], "nouns": ["harbor", "falcon"]}
+    return {"essay_sentences": _flat(sentences), "paragraphs": _flat(paragraphs),
+            "paragraph_titles": [f"Title {i}" for i in range(30)],
+            "qa": [{"question": "Which town?", "answer": "Alder 3", "gold": [3], "paragraphs": [3, 4, 5]}],
+            "adjectives": ["quiet", "amber"], "nouns": ["harbor", "falcon"]}
+
+
+def _sampler(chunk=64, answer=24):
     cfg = model_config(TOK)
     layout = make_layout(BUNDLED_MODEL, cfg)
-    return TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, chunk, answer, seed=0), layout, cfg
+    return TaskSampler(_corpus(), lambda s: TOK.encode(s).ids, TOK.decode, layout, chunk, answer, seed=0), layout, cfg
 
 
 def test_examples_fit_chunks_and_answers_end_with_eos():
@@ -118,3 +129,29 @@ def test_summary_and_heatmap(tmp_path):
     assert "| niah_single_2 | 50 (n=4) | 50 (n=4) |" in md and "recall" in md
     heatmap(rows, tmp_path / "h.png")
     assert (tmp_path / "h.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_data_parallel_training_run(tmp_path):
+    """Two processes (gloo on the CPU) train from the bundled model: both take the same steps (a
+    rank that stopped alone would leave the other waiting in an all-reduce: the timeout fails it),
+    rank 0 alone exports, and the exported weights moved away from the start."""
+    torch.save(_corpus(), tmp_path / "corpus.pt")
+    model_dir = tmp_path / "model"
+    shutil.copytree(BUNDLED_MODEL, model_dir)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "training.train", "--data", str(tmp_path), "--model-dir", str(model_dir), "--init-from",
+           str(model_dir), "--start-stage", "3", "--minutes", "0.15", "--batch-size", "2", "--workers", "0",
+           "--lr", "1e-3", "--checkpoint", str(tmp_path / "ckpt" / "last.pt"), "--log-file", str(tmp_path / "log.json")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    meta = json.loads((tmp_path / "log.json").read_text())["meta"]
+    assert meta["gpus"] == 2 and meta["steps"] > 0
+    assert (tmp_path / "ckpt" / "last.pt").exists()
+    assert done.stdout.count("exported to") == 1  # rank 0 only
+    runs = json.loads((model_dir / "docqa.json").read_text())["training"]["runs"]
+    assert runs[-1]["steps"] == meta["steps"]
+    before, after = load_model(BUNDLED_MODEL), load_model(model_dir)
+    name = "layers.0.mlp.down_proj.weight"
+    assert not torch.equal(before.state_dict()[name], after.state_dict()[name])

@@ -11,6 +11,13 @@ in distribution. Curriculum over K, the number of chunks: 1, then 2, then mostly
 fp32 master weights with bf16 autocast (pure bf16 parameters stalled in the probe). Seeded.
 The run is bounded by wall-clock minutes and can resume from its checkpoint (weights, optimizer,
 step, elapsed time), so a long training is a series of runs under 10 minutes.
+
+On several GPUs of one host, data parallel (each GPU its own data stream, gradients averaged):
+
+    torchrun --standalone --nproc-per-node 2 -m training.train ...   # --batch-size is per GPU
+
+On CUDA the layers' halves around attention are compiled (engine.compiled_layers; `--no-compile`
+runs them eagerly): a 384-wide model is otherwise bound by kernel launches, not arithmetic.
 """
 
 from __future__ import annotations
@@ -19,18 +26,21 @@ import argparse
 import copy
 import json
 import math
+import os
 import random
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from app.random_checkpoint import llada_config_json
 from engine.attention import BACKENDS, dense_mask
+from engine.compiled_layers import compiled_layer_functions
 from engine.config import ModelConfig
-from engine.model import DiffusionLM
+from engine.model import DiffusionLM, LayerFunctions
 from engine.prompting import build_question_prompt
 from engine.weights import save_weights
 from training.tasks import NIAH_VARIANT_WEIGHTS, TASK_WEIGHTS, Layout, TaskSampler, attention_mask, collate
@@ -93,7 +103,8 @@ class Batches(torch.utils.data.IterableDataset):
             yield collate(examples, self.layout, CHUNK_SIZE, question_loss_share=0.3, rng=rng)
 
 
-def diffusion_loss(model, batch, cfg: ModelConfig, gen: torch.Generator, eps: float = 0.05):
+def diffusion_loss(model, batch, cfg: ModelConfig, gen: torch.Generator, eps: float = 0.05,
+                   layer_fns: LayerFunctions | None = None):
     """Masked-diffusion loss on the batch's targets; returns (loss, masked-token accuracy).
 
     t starts at eps = 0.05 rather than LLaDA's 1e-3: the 1/t weight then stays below 20, which
@@ -113,10 +124,13 @@ def diffusion_loss(model, batch, cfg: ModelConfig, gen: torch.Generator, eps: fl
     valid = torch.gather(masked, 1, order)
     mask = dense_mask(attention_mask(batch["roles"], batch["segments"]))
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=ids.is_cuda):
-        out = model(noisy, batch["positions"], mask, BACKENDS["sdpa"], logits_rows=order, return_kv=False)
+        out = model(noisy, batch["positions"], mask, BACKENDS["sdpa"], logits_rows=order, return_kv=False,
+                    layer_fns=layer_fns)
     logits = out.logits.float()  # [B, R, V]
     truth = torch.gather(ids, 1, order)
-    ce = F.cross_entropy(logits.transpose(1, 2), truth, reduction="none")  # [B, R]
+    # Rows flattened, not [B, V, R]: the class dimension last takes the plain softmax kernel
+    # (the "spatial" one over dim 1 was a quarter of a compiled step, profiled).
+    ce = F.cross_entropy(logits.flatten(0, 1), truth.flatten(), reduction="none").view_as(truth)  # [B, R]
     per_row = (ce * valid).sum(1) / t[:, 0] / targets.sum(1).clamp_min(1)
     acc = ((logits.argmax(-1) == truth) & valid).sum() / valid.sum()
     return per_row.mean(), acc
@@ -142,6 +156,18 @@ def export(model: DiffusionLM, cfg: ModelConfig, model_dir: Path, meta: dict) ->
     path.write_text(json.dumps(merged, indent=2))
 
 
+def _start_data_parallel() -> tuple[int, int]:
+    """(rank, world size): joins the process group when started by torchrun, else (0, 1)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1
+    rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available() and rank >= torch.cuda.device_count():
+        raise SystemExit(f"{world} processes but {torch.cuda.device_count()} CUDA devices: one each is needed")
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")  # gloo: CPU, for the tests
+    return rank, world
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", type=Path, default=Path(".train-data"))
@@ -155,7 +181,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", type=Path, default=Path(".train-ckpt/last.pt"))
     ap.add_argument("--total-minutes", type=float, default=None,
                     help="length of the whole training (all runs), for the curriculum and LR schedule")
-    ap.add_argument("--log", type=Path, default=None)
+    ap.add_argument("--log-file", type=Path, default=None, help="writes the run's meta and loss curve here (JSON)")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="start from an exported model folder (bf16 weights, fresh optimizer): a further run "
                          "when the previous run's full checkpoint is not at hand")
@@ -164,9 +190,14 @@ def main() -> None:
                     help="task draw weights, e.g. niah=12,kv_retrieval=2,hotpot=2,which_document=1")
     ap.add_argument("--niah-variant-weights", type=_weights, default=dict(NIAH_VARIANT_WEIGHTS),
                     help="NIAH variant weights, e.g. single=3,multikey=3,multivalue=3,multiquery=3")
+    ap.add_argument("--no-compile", action="store_true", help="run the layers eagerly on CUDA too")
     args = ap.parse_args()
-    torch.manual_seed(args.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rank, world = _start_data_parallel()
+    lead = rank == 0  # logs, checkpoints and exports
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
+    device = torch.device(f"cuda:{rank}" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     tok = Tokenizer.from_file(str(args.model_dir / "tokenizer.json"))
     cfg = model_config(tok)
     layout = make_layout(args.model_dir, cfg)
@@ -191,34 +222,50 @@ def main() -> None:
         step, elapsed_before, curve = ck["step"], ck["elapsed"], ck["curve"]
     total = 60 * (args.total_minutes or args.minutes)
     stage = torch.multiprocessing.Value("i", 0)
+    # Each rank draws its own examples and masks: the seeds differ by rank (rank 0's are a
+    # single-GPU run's, so one GPU reproduces the earlier runs).
+    data_seed = args.seed + step + 1_000_003 * rank
     data = torch.utils.data.DataLoader(
-        Batches(args.data / "corpus.pt", args.model_dir, cfg, layout, args.batch_size, args.seed + step, stage,
+        Batches(args.data / "corpus.pt", args.model_dir, cfg, layout, args.batch_size, data_seed, stage,
                 args.task_weights, args.niah_variant_weights),
         batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0,
         prefetch_factor=4 if args.workers > 0 else None, pin_memory=device.type == "cuda")
-    gen = torch.Generator(device=device).manual_seed(args.seed + step)
+    gen = torch.Generator(device=device).manual_seed(data_seed)
+    layer_fns = compiled_layer_functions(dynamic=True) if device.type == "cuda" and not args.no_compile else None
+    replica = model
+    if world > 1:
+        ids = [device] if device.type == "cuda" else None
+        replica = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {n_params / 1e6:.1f}M parameters; device {device}; resume step {step}", flush=True)
+    if lead:
+        print(f"model: {n_params / 1e6:.1f}M parameters; {world} x {device.type}; "
+              f"layers {'compiled' if layer_fns else 'eager'}; resume step {step}", flush=True)
     start = time.perf_counter()
     tokens = skipped = bad_run = 0
     good = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
             "optimizer": copy.deepcopy(opt.state_dict()), "step": step}
     model.train()
     for batch in data:
-        elapsed = elapsed_before + time.perf_counter() - start
+        # Rank 0's clock decides for all: every rank must take the same steps at the same rate.
+        clock = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+        if world > 1:
+            dist.broadcast(clock, 0)
+        elapsed = elapsed_before + clock.item()
         frac = elapsed / total
-        if time.perf_counter() - start > 60 * args.minutes or frac >= 1.0:
+        if clock.item() > 60 * args.minutes or frac >= 1.0:
             break
         stage.value = max(args.start_stage, max(i for i, (at, _) in enumerate(CURRICULUM) if frac >= at))
         lr = args.lr * min(1.0, (step + 1) / 500) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
         for g in opt.param_groups:
             g["lr"] = lr
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        loss, acc = diffusion_loss(model, batch, cfg, gen)
+        loss, acc = diffusion_loss(replica, batch, cfg, gen, layer_fns=layer_fns)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # DDP averages the gradients over the ranks here
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        if not (torch.isfinite(loss) and torch.isfinite(norm)):
+        # Judged on the averaged gradients' norm, which every rank shares (a non-finite loss on any
+        # rank makes it non-finite), so all ranks skip or roll back together.
+        if not torch.isfinite(norm):
             # A non-finite step is skipped; a run of them rolls back to the last good weights
             # with half the learning rate, so a spike never ends as NaN weights.
             skipped += 1
@@ -228,7 +275,8 @@ def main() -> None:
                 opt.load_state_dict(good["optimizer"])
                 args.lr /= 2
                 bad_run = 0
-                print(f"rolled back to step {good['step']}, lr now {args.lr}", flush=True)
+                if lead:
+                    print(f"rolled back to step {good['step']}, lr now {args.lr}", flush=True)
             continue
         opt.step()
         bad_run = 0
@@ -236,8 +284,8 @@ def main() -> None:
         if step % 500 == 0:
             good = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
                     "optimizer": copy.deepcopy(opt.state_dict()), "step": step}
-        tokens += batch["ids"].numel()
-        if step % 100 == 0:
+        tokens += batch["ids"].numel() * world
+        if step % 100 == 0 and lead:
             row = {"step": step, "minutes": round(elapsed / 60, 2), "loss": round(loss.item(), 4), "skipped": skipped,
                    "masked_acc": round(acc.item(), 4), "stage": stage.value, "lr": lr,
                    "tokens_per_s": round(tokens / (time.perf_counter() - start))}
@@ -245,20 +293,24 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     elapsed = elapsed_before + time.perf_counter() - start
     model.eval()
+    if world > 1:
+        dist.destroy_process_group()
+    if not lead:
+        return
     args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "elapsed": elapsed,
                 "curve": curve}, args.checkpoint)
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         raise RuntimeError("training ended with non-finite weights; nothing exported")
     meta = {"steps": step, "skipped_steps": skipped, "minutes": round(elapsed / 60, 2),
-            "batch_size": args.batch_size, "seed": args.seed,
+            "batch_size": args.batch_size, "gpus": world, "seed": args.seed,
             "parameters": n_params, "chunk_size": CHUNK_SIZE, "curriculum": CURRICULUM,
             "task_weights": args.task_weights, "niah_variant_weights": args.niah_variant_weights,
             "init_from": str(args.init_from) if args.init_from else None, "start_stage": args.start_stage,
             "lr": args.lr}
     export(model, cfg, args.model_dir, meta)
-    if args.log:
-        args.log.write_text(json.dumps({"meta": meta, "curve": curve}, indent=1))
+    if args.log_file:
+        args.log_file.write_text(json.dumps({"meta": meta, "curve": curve}, indent=1))
     print(f"done: {step} steps in {elapsed / 60:.1f} min; exported to {args.model_dir}", flush=True)
 
 

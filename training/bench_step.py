@@ -25,9 +25,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from engine.compiled_layers import compiled_layer_functions
 from engine.model import DiffusionLM
-from engine.weights import load_model
+from engine.weights import load_model, read_model_config
 from training.tasks import NIAH_VARIANT_WEIGHTS, TASK_WEIGHTS, TaskSampler, collate
-from training.train import ANSWER_LEN, CHUNK_SIZE, CURRICULUM, diffusion_loss, make_layout, model_config
+from training.train import ANSWER_LEN, CHUNK_SIZE, CURRICULUM, diffusion_loss, make_layout
 
 KERNELS = {"efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
            "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
@@ -60,7 +60,7 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    cfg = model_config(Tokenizer.from_file(str(args.model_dir / "tokenizer.json")))
+    cfg = read_model_config(args.model_dir)
     start = load_model(args.model_dir, device=device, dtype=torch.float32).state_dict()
     t = time.perf_counter()
     batches = [{k: v.to(device) for k, v in b.items()}

@@ -42,7 +42,7 @@ from engine.compiled_layers import compiled_layer_functions
 from engine.config import ModelConfig
 from engine.model import DiffusionLM, LayerFunctions
 from engine.prompting import build_question_prompt
-from engine.weights import save_weights
+from engine.weights import read_model_config, save_weights
 from training.tasks import NIAH_VARIANT_WEIGHTS, TASK_WEIGHTS, Layout, TaskSampler, attention_mask, collate
 
 CHUNK_SIZE = 128
@@ -59,11 +59,15 @@ def _weights(text: str) -> dict[str, float]:
         raise argparse.ArgumentTypeError(f"expected name=weight,... got {text!r}") from e
 
 
-def model_config(tok: Tokenizer) -> ModelConfig:
+def model_config(tok: Tokenizer, num_layers: int = 8, hidden_size: int = 384) -> ModelConfig:
+    """The bundled model's architecture (8 x 384 by default); heads of 64, 2 KV heads, SwiGLU 3x."""
+    if hidden_size % 64:
+        raise ValueError(f"hidden size must be a multiple of the head size 64, got {hidden_size}")
     ids = {t: tok.token_to_id(t) for t in ("<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "<|eot_id|>")}
     return ModelConfig(
-        family="llada", vocab_size=tok.get_vocab_size(), hidden_size=384, intermediate_size=1152, num_layers=8,
-        num_heads=6, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5, rope_theta=10000.0, rope_in_fp32=True,
+        family="llada", vocab_size=tok.get_vocab_size(), hidden_size=hidden_size, intermediate_size=3 * hidden_size,
+        num_layers=num_layers, num_heads=hidden_size // 64, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5,
+        rope_theta=10000.0, rope_in_fp32=True,
         max_position_embeddings=4096, mask_token_id=ids["<|mdm_mask|>"], bos_token_id=ids["<|startoftext|>"],
         eos_token_id=ids["<|endoftext|>"], eot_token_id=ids["<|eot_id|>"], pad_token_id=ids["<|endoftext|>"])
 
@@ -185,6 +189,8 @@ def main() -> None:
     ap.add_argument("--init-from", type=Path, default=None,
                     help="start from an exported model folder (bf16 weights, fresh optimizer): a further run "
                          "when the previous run's full checkpoint is not at hand")
+    ap.add_argument("--layers", type=int, default=8, help="layers of a model trained from scratch")
+    ap.add_argument("--hidden", type=int, default=384, help="hidden size of a model trained from scratch")
     ap.add_argument("--start-stage", type=int, default=0, help="first curriculum stage (with --init-from)")
     ap.add_argument("--task-weights", type=_weights, default=dict(TASK_WEIGHTS),
                     help="task draw weights, e.g. niah=12,kv_retrieval=2,hotpot=2,which_document=1")
@@ -199,7 +205,8 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     tok = Tokenizer.from_file(str(args.model_dir / "tokenizer.json"))
-    cfg = model_config(tok)
+    # A further run keeps the architecture it starts from; a first run takes --layers / --hidden.
+    cfg = read_model_config(args.init_from) if args.init_from else model_config(tok, args.layers, args.hidden)
     layout = make_layout(args.model_dir, cfg)
     model = DiffusionLM(cfg).to(device)
     for name, p in model.named_parameters():

@@ -18,7 +18,7 @@ from app import ruler
 from app.defaults import BUNDLED_MODEL
 from app.evaluation import EvalRow, heatmap, summarize
 from app.sentences import split_sentences
-from engine.weights import load_model
+from engine.weights import load_model, read_model_config
 from training.tasks import (
     ROLE_ANSWER,
     ROLE_CHUNK,
@@ -132,26 +132,35 @@ def test_summary_and_heatmap(tmp_path):
 
 
 @pytest.mark.slow
-def test_data_parallel_training_run(tmp_path):
-    """Two processes (gloo on the CPU) train from the bundled model: both take the same steps (a
-    rank that stopped alone would leave the other waiting in an all-reduce: the timeout fails it),
-    rank 0 alone exports, and the exported weights moved away from the start."""
+def test_data_parallel_training_run_and_resume(tmp_path):
+    """Two processes (gloo on the CPU) train a small model from scratch: both take the same steps
+    (a rank that stopped alone would leave the other waiting in an all-reduce: the timeout fails
+    it), rank 0 alone exports. A second, single-process run resumes from the checkpoint and keeps
+    its architecture without being told it."""
     torch.save(_corpus(), tmp_path / "corpus.pt")
     model_dir = tmp_path / "model"
-    shutil.copytree(BUNDLED_MODEL, model_dir)
+    model_dir.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(BUNDLED_MODEL / name, model_dir / name)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "training.train", "--data", str(tmp_path), "--model-dir", str(model_dir), "--init-from",
-           str(model_dir), "--start-stage", "3", "--minutes", "0.15", "--batch-size", "2", "--workers", "0",
-           "--lr", "1e-3", "--checkpoint", str(tmp_path / "ckpt" / "last.pt"), "--log-file", str(tmp_path / "log.json")]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    common = ["-m", "training.train", "--data", str(tmp_path), "--model-dir", str(model_dir), "--minutes", "0.1",
+              "--total-minutes", "1", "--batch-size", "2", "--workers", "0", "--checkpoint",
+              str(tmp_path / "ckpt.pt"), "--log-file", str(tmp_path / "log.json")]
+    first = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                            *common, "--layers", "2", "--hidden", "128"],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     meta = json.loads((tmp_path / "log.json").read_text())["meta"]
-    assert meta["gpus"] == 2 and meta["steps"] > 0
-    assert (tmp_path / "ckpt" / "last.pt").exists()
-    assert done.stdout.count("exported to") == 1  # rank 0 only
+    assert meta["processes"] == 2 and meta["gpus"] == 0 and meta["steps"] > 0
+    assert first.stdout.count("exported to") == 1  # rank 0 only
+    assert read_model_config(model_dir).num_layers == 2
+    second = subprocess.run([sys.executable, *common, "--resume", str(tmp_path / "ckpt.pt")],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    resumed = json.loads((tmp_path / "log.json").read_text())["meta"]
+    assert resumed["processes"] == 1 and resumed["steps"] > meta["steps"]
+    cfg = read_model_config(model_dir)
+    assert (cfg.num_layers, cfg.hidden_size) == (2, 128)
     runs = json.loads((model_dir / "docqa.json").read_text())["training"]["runs"]
-    assert runs[-1]["steps"] == meta["steps"]
-    before, after = load_model(BUNDLED_MODEL), load_model(model_dir)
-    name = "layers.0.mlp.down_proj.weight"
-    assert not torch.equal(before.state_dict()[name], after.state_dict()[name])
+    assert [r["steps"] for r in runs] == [meta["steps"], resumed["steps"]]
+    assert load_model(model_dir).cfg == cfg

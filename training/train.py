@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -205,8 +206,15 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     tok = Tokenizer.from_file(str(args.model_dir / "tokenizer.json"))
+    resumed = torch.load(args.resume, map_location=device, weights_only=False) \
+        if args.resume and args.resume.exists() else None
     # A further run keeps the architecture it starts from; a first run takes --layers / --hidden.
-    cfg = read_model_config(args.init_from) if args.init_from else model_config(tok, args.layers, args.hidden)
+    if resumed is not None and "config" in resumed:
+        cfg = ModelConfig(**resumed["config"])
+    elif args.init_from:
+        cfg = read_model_config(args.init_from)
+    else:
+        cfg = model_config(tok, args.layers, args.hidden)
     layout = make_layout(args.model_dir, cfg)
     model = DiffusionLM(cfg).to(device)
     for name, p in model.named_parameters():
@@ -222,11 +230,10 @@ def main() -> None:
         from engine.weights import load_model
 
         model.load_state_dict(load_model(args.init_from, device=device, dtype=torch.float32).state_dict())
-    if args.resume and args.resume.exists():
-        ck = torch.load(args.resume, map_location=device, weights_only=False)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        step, elapsed_before, curve = ck["step"], ck["elapsed"], ck["curve"]
+    if resumed is not None:
+        model.load_state_dict(resumed["model"])
+        opt.load_state_dict(resumed["optimizer"])
+        step, elapsed_before, curve = resumed["step"], resumed["elapsed"], resumed["curve"]
     total = 60 * (args.total_minutes or args.minutes)
     stage = torch.multiprocessing.Value("i", 0)
     # Each rank draws its own examples and masks: the seeds differ by rank (rank 0's are a
@@ -306,11 +313,12 @@ def main() -> None:
         return
     args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "elapsed": elapsed,
-                "curve": curve}, args.checkpoint)
+                "curve": curve, "config": dataclasses.asdict(cfg)}, args.checkpoint)
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         raise RuntimeError("training ended with non-finite weights; nothing exported")
     meta = {"steps": step, "skipped_steps": skipped, "minutes": round(elapsed / 60, 2),
-            "batch_size": args.batch_size, "gpus": world, "seed": args.seed,
+            "batch_size": args.batch_size, "processes": world, "gpus": world if device.type == "cuda" else 0,
+            "seed": args.seed,
             "parameters": n_params, "chunk_size": CHUNK_SIZE, "curriculum": CURRICULUM,
             "task_weights": args.task_weights, "niah_variant_weights": args.niah_variant_weights,
             "init_from": str(args.init_from) if args.init_from else None, "start_stage": args.start_stage,

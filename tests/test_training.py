@@ -75,6 +75,23 @@ def test_needle_answer_is_in_a_chunk():
         assert any(first in TOK.decode(c) for c in ex.chunks), (answer, [TOK.decode(c) for c in ex.chunks])
 
 
+def test_word_answers_are_token_copies_of_the_needle():
+    """A word value is answered with the tokens it has in the needle's text, so the model copies
+    tokens rather than respelling a word (" perfect" is one token, "perfect" two)."""
+    sampler, layout, _ = _sampler(chunk=128)
+    comma = TOK.encode(",").ids
+    seen = 0
+    for _ in range(200):
+        ex = sampler.niah(4)
+        answer = [t for t in ex.answer_ids if t != layout.eos]
+        first = answer[:answer.index(comma[0])] if comma[0] in answer else answer
+        if not TOK.decode(first).strip().replace("-", "").isalpha():
+            continue  # numbers and UUIDs tokenize the same with or without the space
+        seen += 1
+        assert any(first == c[i:i + len(first)] for c in ex.chunks for i in range(len(c))), TOK.decode(first)
+    assert seen >= 5
+
+
 def test_collate_positions_and_mask_follow_inference():
     layout = Layout(prefix=[0, 7, 8], query_head=[9], query_tail=[10], bos=0, eos=1, mask=2, pad=1)
     ex = Example(chunks=[[20, 21], [22]], question_ids=[30, 31], answer_ids=[40, 1])

@@ -133,7 +133,12 @@ class TaskSampler:
         return spans or [(0, 0)]
 
     def _answer(self, text: str) -> list[int]:
-        ids = self.encode(text.strip())[: self.answer_len - 1]
+        # With a leading space, as the value stands in running text (" is: perfect-club."): the
+        # byte-level BPE merges the space into a word's first token ("Ġperfect" against "per" +
+        # "fect"), so without it a word answer is a respelling of the text, not a copy. Digits
+        # and UUID pieces are single tokens either way (the space is its own token before them).
+        # The app strips the answer's text.
+        ids = self.encode(" " + text.strip())[: self.answer_len - 1]
         return ids + [self.layout.eos] * (self.answer_len - len(ids))
 
     # ---- tasks -------------------------------------------------------------------------------------

@@ -5,8 +5,9 @@
 Batches are drawn beforehand by the training's own sampler (last curriculum stage) and moved to
 the GPU, so the timing is the step alone: forward, backward, clipping, AdamW. Variants: the layer
 halves eager or compiled (engine.compiled_layers), each with SDPA free to pick its kernel or held
-to one (`efficient`, `cudnn`, `flash`, `math`). Prints and writes `bench_step.json` (ms a step,
-training tokens/s) and, per variant, a kernel table of one profiled step (`<variant>.txt`).
+to one (`efficient`, `cudnn`, `flash`, `math`). Prints and writes `bench_step.json` (median, mean
+and worst ms a step, training tokens/s at the median) and, per variant, a kernel table of one
+profiled step (`<variant>.txt`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import contextlib
 import json
 import random
+import statistics
 import time
 from pathlib import Path
 
@@ -92,11 +94,15 @@ def main() -> None:
                     step(batch)
                 sync()
                 warm_s = time.perf_counter() - t
-                t = time.perf_counter()
+                # Each step timed on its own: a late recompilation (a new shape) shows as an
+                # outlier, which the median leaves out and the mean does not.
+                times = []
                 for batch in batches[args.warmup:]:
+                    t = time.perf_counter()
                     loss = step(batch)
-                sync()
-                ms = 1000 * (time.perf_counter() - t) / args.steps
+                    sync()
+                    times.append(1000 * (time.perf_counter() - t))
+                ms = statistics.median(times)
                 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                     step(batches[-1])
                     sync()
@@ -105,7 +111,8 @@ def main() -> None:
             print(variant, results[variant], flush=True)
             continue
         tokens = sum(b["ids"].numel() for b in batches[args.warmup:]) / args.steps
-        results[variant] = {"ms_per_step": ms, "tokens_per_s": tokens / ms * 1000, "warmup_s": warm_s,
+        results[variant] = {"ms_per_step": ms, "ms_per_step_mean": statistics.mean(times),
+                            "ms_per_step_max": max(times), "tokens_per_s": tokens / ms * 1000, "warmup_s": warm_s,
                             "final_loss": float(loss)}
         print(variant, results[variant], flush=True)
         (args.out / f"{variant.replace('+', '_')}.txt").write_text(

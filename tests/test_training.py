@@ -181,3 +181,18 @@ def test_data_parallel_training_run_and_resume(tmp_path):
     runs = json.loads((model_dir / "docqa.json").read_text())["training"]["runs"]
     assert [r["steps"] for r in runs] == [meta["steps"], resumed["steps"]]
     assert load_model(model_dir).cfg == cfg
+
+
+def test_oracle_check_answers_over_the_needle_chunks(tmp_path):
+    """The reading check runs end to end on the bundled model: one example per NIAH variant, each
+    prefilled as exactly its chunks, a score per answer, and a summary per variant."""
+    torch.save(_corpus(), tmp_path / "corpus.pt")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-m", "training.oracle_check", "--data", str(tmp_path), "--per-variant",
+                           "1", "--out", str(tmp_path / "oracle.json")], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "oracle.json").read_text())
+    assert [r["variant"] for r in report["rows"]] == ["single", "multikey", "multivalue", "multiquery"]
+    assert all(r["gold"] and 0.0 <= r["score"] <= 1.0 for r in report["rows"])
+    assert set(report["summary"]) == {"single", "multikey", "multivalue", "multiquery", "mean"}

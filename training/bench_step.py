@@ -21,15 +21,14 @@ import time
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 from engine.compiled_layers import compiled_layer_functions
 from engine.model import DiffusionLM
 from engine.weights import load_model, read_model_config
-from training.tasks import NIAH_VARIANT_WEIGHTS, TASK_WEIGHTS, TaskSampler, collate
-from training.train import ANSWER_LEN, CHUNK_SIZE, CURRICULUM, diffusion_loss, make_layout
+from training.tasks import NIAH_VARIANT_WEIGHTS, TASK_WEIGHTS, collate
+from training.train import CHUNK_SIZE, CURRICULUM, diffusion_loss, make_layout, task_sampler
 
 KERNELS = {"efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
            "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
@@ -37,12 +36,8 @@ KERNELS = {"efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDN
 
 def draw_batches(data: Path, model_dir: Path, cfg, n: int, batch_size: int, seed: int) -> list[dict]:
     """n batches of the last curriculum stage, as the training's workers make them."""
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     layout = make_layout(model_dir, cfg)
-    corpus = torch.load(data / "corpus.pt", weights_only=False)
-    sampler = TaskSampler(corpus, lambda s: tok.encode(s).ids, lambda ids: tok.decode(ids), layout, CHUNK_SIZE,
-                          ANSWER_LEN, seed=seed, task_weights=dict(TASK_WEIGHTS),
-                          niah_variant_weights=dict(NIAH_VARIANT_WEIGHTS))
+    sampler = task_sampler(data / "corpus.pt", model_dir, layout, seed, dict(TASK_WEIGHTS), dict(NIAH_VARIANT_WEIGHTS))
     rng = random.Random(seed)
     ks = CURRICULUM[-1][1]
     return [collate([sampler.sample(rng.choice(ks)) for _ in range(batch_size)], layout, CHUNK_SIZE,

@@ -15,14 +15,13 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
 from tokenizers import Tokenizer
 
 from app.defaults import answer_params, model_defaults
 from engine import Engine
 from engine.weights import read_model_config
-from training.tasks import NIAH_VARIANT_WEIGHTS, TaskSampler
-from training.train import ANSWER_LEN, CHUNK_SIZE, make_layout
+from training.tasks import NIAH_VARIANT_WEIGHTS
+from training.train import CHUNK_SIZE, make_layout, task_sampler
 
 SEED = 424242  # not a training seed (those are small integers times 1000 plus a worker id)
 
@@ -38,15 +37,13 @@ def main() -> None:
     tok = Tokenizer.from_file(str(args.model / "tokenizer.json"))
     cfg = read_model_config(args.model)
     layout = make_layout(args.model, cfg)
-    corpus = torch.load(args.data / "corpus.pt", weights_only=False)
     engine = Engine.from_pretrained(args.model, device="cpu")
     params = answer_params(model_defaults(args.model), kv_mode="static", top_k=args.chunks, auto_k=False)
     rows, summary = [], {}
     for variant in NIAH_VARIANT_WEIGHTS:
-        sampler = TaskSampler(corpus, lambda s: tok.encode(s).ids, tok.decode, layout, CHUNK_SIZE, ANSWER_LEN,
-                              seed=SEED, task_weights={"niah": 1, "kv_retrieval": 0, "hotpot": 0,
-                                                       "which_document": 0},
-                              niah_variant_weights={v: float(v == variant) for v in NIAH_VARIANT_WEIGHTS})
+        sampler = task_sampler(args.data / "corpus.pt", args.model, layout, SEED,
+                               {"niah": 1, "kv_retrieval": 0, "hotpot": 0, "which_document": 0},
+                               {v: float(v == variant) for v in NIAH_VARIANT_WEIGHTS})
         scores = []
         for _ in range(args.per_variant):
             example = sampler.niah(args.chunks)

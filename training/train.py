@@ -84,6 +84,16 @@ def make_layout(model_dir: Path, cfg: ModelConfig) -> Layout:
                   eos=cfg.eos_token_id, mask=cfg.mask_token_id, pad=cfg.pad_token_id)
 
 
+def task_sampler(corpus_path: Path, model_dir: Path, layout: Layout, seed: int, task_weights: dict[str, float],
+                 niah_variant_weights: dict[str, float]) -> TaskSampler:
+    """The training's example source: the prepared corpus, the model's tokenizer, chunks of
+    CHUNK_SIZE and answers of ANSWER_LEN tokens."""
+    corpus = torch.load(corpus_path, weights_only=False)
+    tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    return TaskSampler(corpus, lambda s: tok.encode(s).ids, tok.decode, layout, CHUNK_SIZE, ANSWER_LEN, seed=seed,
+                       task_weights=task_weights, niah_variant_weights=niah_variant_weights)
+
+
 class Batches(torch.utils.data.IterableDataset):
     """Endless batches; each worker has its own seeded sampler; the stage comes from a shared value."""
 
@@ -96,11 +106,8 @@ class Batches(torch.utils.data.IterableDataset):
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         wid = info.id if info else 0
-        corpus = torch.load(self.corpus_path, weights_only=False)
-        tok = Tokenizer.from_file(str(Path(self.model_dir) / "tokenizer.json"))
-        sampler = TaskSampler(corpus, lambda s: tok.encode(s).ids, lambda ids: tok.decode(ids), self.layout,
-                              CHUNK_SIZE, ANSWER_LEN, seed=self.seed * 1000 + wid, task_weights=self.task_weights,
-                              niah_variant_weights=self.niah_variant_weights)
+        sampler = task_sampler(self.corpus_path, self.model_dir, self.layout, self.seed * 1000 + wid,
+                               self.task_weights, self.niah_variant_weights)
         rng = random.Random(self.seed * 7919 + wid)
         while True:
             ks = CURRICULUM[self.stage.value][1]

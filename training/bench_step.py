@@ -108,7 +108,7 @@ def main() -> None:
         tokens = sum(b["ids"].numel() for b in batches[args.warmup:]) / args.steps
         results[variant] = {"ms_per_step": ms, "ms_per_step_mean": statistics.mean(times),
                             "ms_per_step_max": max(times), "tokens_per_s": tokens / ms * 1000, "warmup_s": warm_s,
-                            "final_loss": float(loss)}
+                            "final_loss": loss.item()}
         print(variant, results[variant], flush=True)
         (args.out / f"{variant.replace('+', '_')}.txt").write_text(
             prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30))

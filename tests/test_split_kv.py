@@ -273,3 +273,13 @@ def test_paged_runner_with_cuda_graph_on_gpu(family, compile_layers):
         assert auto.trace.static_layout == "paged"
         assert [(s.positions, s.tokens) for s in a_steps] == [(s.positions, s.tokens) for s in c_steps]
         torch.testing.assert_close(auto.trace.anchors_decode, contiguous.trace.anchors_decode, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.skipif(triton is None, reason="needs the triton package")
+def test_kernel_refuses_cpu_tensors_without_the_interpreter(monkeypatch):
+    """Without Triton's interpreter, CPU tensors get a clear error, not the CUDA driver's."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    kv = _paged("cpu", torch.float32)
+    q = torch.randn(kv.num_kv_heads * 3, 7, kv.k_pages.shape[-1])
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        split_kv_attention(q, kv, 0.1, make_split_plan(kv, 21))

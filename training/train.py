@@ -305,6 +305,7 @@ def main() -> None:
         if step % 500 == 0:
             good = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
                     "optimizer": copy.deepcopy(opt.state_dict()), "step": step}
+        # Rank 0's batch times the ranks: an estimate (each rank pads its batch to its own length).
         tokens += batch["ids"].numel() * world
         if step % 100 == 0 and lead:
             row = {"step": step, "minutes": round(elapsed / 60, 2), "loss": round(loss.item(), 4), "skipped": skipped,

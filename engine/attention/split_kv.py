@@ -341,6 +341,10 @@ def split_kv_attention(q: torch.Tensor, kv: PagedKV, scale: float, plan: SplitPl
         raise RuntimeError("split-KV attention needs the triton package")
     hq, tq, d = q.shape
     hkv = kv.num_kv_heads
+    if not q.is_cuda and not _interpreting():
+        # Otherwise the CUDA driver rejects the CPU pointers with an opaque error (seen on the H200).
+        raise ValueError("split_kv_attention needs CUDA tensors, or Triton's interpreter for CPU ones "
+                         "(TRITON_INTERPRET=1); callers check kernel_usable() and use split_kv_reference")
     assert q.stride(-1) == 1 and kv.k_pages.stride(-1) == 1 and kv.k_tail.stride(-1) == 1, "last dim contiguous"
     assert head_dim_supported(d), "head_dim must be a power of two >= 32"
     g = hq // hkv

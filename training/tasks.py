@@ -154,7 +154,7 @@ class TaskSampler:
         r = self.rng
         variant = r.choices(list(self.niah_variant_weights), list(self.niah_variant_weights.values()))[0]
         haystack = r.choices(["essay", "repeat", "needle"], [6, 2, 1])[0]
-        key_kind = r.choices(["words", "numbers", "uuids"], [6, 1, 2])[0]
+        key_kind = r.choices(["words", "numbers", "uuids"], [5, 3, 2])[0]  # number keys: the weak multi-key skill
         val_kind = r.choices(["numbers", "words", "uuids"], [5, 2, 3])[0]
         n_keys = {"single": 1, "multikey": r.randint(2, 4), "multivalue": 1, "multiquery": r.randint(2, 4)}[variant]
         n_vals = r.randint(2, 4) if variant == "multivalue" else 1

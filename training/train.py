@@ -60,14 +60,16 @@ def _weights(text: str) -> dict[str, float]:
         raise argparse.ArgumentTypeError(f"expected name=weight,... got {text!r}") from e
 
 
-def model_config(tok: Tokenizer, num_layers: int = 8, hidden_size: int = 384) -> ModelConfig:
+def model_config(tok: Tokenizer, num_layers: int = 8, hidden_size: int = 384, num_kv_heads: int = 2) -> ModelConfig:
     """The bundled model's architecture (8 x 384 by default); heads of 64, 2 KV heads, SwiGLU 3x."""
     if hidden_size % 64:
         raise ValueError(f"hidden size must be a multiple of the head size 64, got {hidden_size}")
+    if (hidden_size // 64) % num_kv_heads:
+        raise ValueError(f"{num_kv_heads} KV heads do not divide {hidden_size // 64} query heads")
     ids = {t: tok.token_to_id(t) for t in ("<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "<|eot_id|>")}
     return ModelConfig(
         family="llada", vocab_size=tok.get_vocab_size(), hidden_size=hidden_size, intermediate_size=3 * hidden_size,
-        num_layers=num_layers, num_heads=hidden_size // 64, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5,
+        num_layers=num_layers, num_heads=hidden_size // 64, num_kv_heads=num_kv_heads, head_dim=64, rms_norm_eps=1e-5,
         rope_theta=10000.0, rope_in_fp32=True,
         max_position_embeddings=4096, mask_token_id=ids["<|mdm_mask|>"], bos_token_id=ids["<|startoftext|>"],
         eos_token_id=ids["<|endoftext|>"], eot_token_id=ids["<|eot_id|>"], pad_token_id=ids["<|endoftext|>"])
@@ -199,6 +201,7 @@ def main() -> None:
                          "when the previous run's full checkpoint is not at hand")
     ap.add_argument("--layers", type=int, default=8, help="layers of a model trained from scratch")
     ap.add_argument("--hidden", type=int, default=384, help="hidden size of a model trained from scratch")
+    ap.add_argument("--kv-heads", type=int, default=2, help="KV heads of a model trained from scratch (GQA)")
     ap.add_argument("--start-stage", type=int, default=0, help="first curriculum stage (with --init-from)")
     ap.add_argument("--task-weights", type=_weights, default=dict(TASK_WEIGHTS),
                     help="task draw weights, e.g. niah=12,kv_retrieval=2,hotpot=2,which_document=1")
@@ -221,7 +224,7 @@ def main() -> None:
     elif args.init_from:
         cfg = read_model_config(args.init_from)
     else:
-        cfg = model_config(tok, args.layers, args.hidden)
+        cfg = model_config(tok, args.layers, args.hidden, args.kv_heads)
     layout = make_layout(args.model_dir, cfg)
     model = DiffusionLM(cfg).to(device)
     for name, p in model.named_parameters():

@@ -2,6 +2,7 @@
 place) against FlexAttention and SDPA over the same KV gathered into contiguous memory.
 
     python scripts/bench_split_kv.py --out bench-split-kv.json        # needs a CUDA GPU
+    python scripts/bench_split_kv.py --sweep --out sweep.json          # the plan's settings, swept
 
 Shapes: Dream-7B (28 query / 4 KV heads) and LLaDA-8B (32 / 32), head dim 128, a 32-token active
 block, chunk pages of 512 tokens picked at random from a 128K-token document, 8K and 32K cached
@@ -9,6 +10,10 @@ tokens, with and without token eviction (256 of 512 kept per page and KV head). 
 checked against the fp32 reference before it is timed twice: launched from Python (CUDA events,
 median of 50 runs; includes the host's launch cost when it exceeds the kernel's) and replayed
 inside a CUDA graph, as decoding runs it (`*_graph_ms`: the GPU time alone).
+
+`--sweep` times the kernel (split and merge, inside a CUDA graph) at a static decode's own shape,
+K = 4 whole or evicted pages and a tail of about 200 rows, for every distinct plan over the
+settings of `make_split_plan` (how the keys are cut, the tile size, warps and pipelining stages).
 """
 
 from __future__ import annotations
@@ -136,10 +141,56 @@ def _measure(shape: str, hq: int, hkv: int, cached: int, keep: int, flex) -> dic
     return row
 
 
+SWEEP = {"target_programs": (132, 264, 528), "block_n": (32, 64, 128), "min_split_keys": (128, 256, 512),
+         "num_warps": (4, 8), "num_stages": (2, 3)}
+
+
+def _sweep_case(shape: str, hq: int, hkv: int, keep: int) -> list[dict]:
+    """Every distinct plan for one decode-shaped case, checked against the reference and timed."""
+    import itertools
+
+    tail_cap, tail_len = 256, 200  # a static decode's tail: prefix, question, 32 answer slots
+    q, kv, _ = _case(hq, hkv, 4 * keep, keep, tail=tail_cap)
+    kv = dataclasses.replace(kv, tail_len=torch.tensor([tail_len], dtype=torch.int32, device=q.device))
+    kv = dataclasses.replace(kv, page_base=page_addresses(kv.k_pages, kv.v_pages, kv.k_tail).to(q.device))
+    scale = 128 ** -0.5
+    ref = split_kv_reference(q, kv, scale).float()
+    default = make_split_plan(kv, hq // hkv * q.shape[1])
+    plans = {}
+    for values in itertools.product(*SWEEP.values()):
+        plan = make_split_plan(kv, hq // hkv * q.shape[1], **dict(zip(SWEEP, values, strict=True)))
+        plans.setdefault(plan, dict(zip(SWEEP, values, strict=True)))
+    rows = []
+    for plan, settings in plans.items():
+        out = torch.empty_like(q)
+        try:
+            err = (split_kv_attention(q, kv, scale, plan, out=out).float() - ref).abs().max().item()
+        except Exception as e:  # noqa: BLE001 - e.g. Triton's OutOfResources: too much shared memory
+            print(f"skipped {settings}: {type(e).__name__}", flush=True)
+            continue
+        ms = _time_in_graph(lambda plan=plan, out=out: split_kv_attention(q, kv, scale, plan, out=out))
+        rows.append({"shape": shape, "kept_per_page": keep, "settings": settings, "plan": dataclasses.asdict(plan),
+                     "default": plan == default, "graph_us": None if ms is None else 1000 * ms,
+                     "max_abs_error": err})
+        assert math.isfinite(err) and err < 0.05, rows[-1]
+    rows.sort(key=lambda r: r["graph_us"] if r["graph_us"] is not None else math.inf)
+    best, base = rows[0], next(r for r in rows if r["default"])
+    print(f"{shape} keep {keep}: {len(rows)} plans; default {base['graph_us']:.2f} us, "
+          f"best {best['graph_us']:.2f} us with {best['settings']}", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("bench-split-kv.json"))
+    ap.add_argument("--sweep", action="store_true", help="time every distinct plan at a decode's shape")
     args = ap.parse_args()
+    if args.sweep:
+        rows = [r for shape, (hq, hkv) in SHAPES.items() for keep in (512, 256)
+                for r in _sweep_case(shape, hq, hkv, keep)]
+        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                        "sweep": SWEEP, "rows": rows}, indent=1))
+        return
     from torch.nn.attention.flex_attention import flex_attention
 
     flex = torch.compile(flex_attention, dynamic=False)

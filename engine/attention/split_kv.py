@@ -168,11 +168,17 @@ class SplitPlan:
     num_tail_splits: int
     block_m: int  # query rows per program (rows = query heads per KV head x block tokens)
     block_n: int  # keys per tile
+    num_warps: int  # launch settings of the split kernel
+    num_stages: int  # software-pipelining depth of its key loops
 
 
 def make_split_plan(kv: PagedKV, rows_per_kv_head: int, target_programs: int = 264, max_split_keys: int = 2048,
-                    tail_split: int = 512, block_n: int = 64, min_split_keys: int = 256) -> SplitPlan:
-    """A plan for `rows_per_kv_head` query rows (query heads per KV head x tokens) per KV head."""
+                    tail_split: int = 512, block_n: int = 64, min_split_keys: int = 256, num_warps: int = 4,
+                    num_stages: int = 2) -> SplitPlan:
+    """A plan for `rows_per_kv_head` query rows (query heads per KV head x tokens) per KV head.
+
+    Two pipelining stages, not Triton's default three: 4-18% faster at a static decode's shape on
+    the H200 (`scripts/bench_split_kv.py --sweep`, docs/PERFORMANCE.md, eighth session)."""
     for name, size in (("tail_split", tail_split), ("block_n", block_n)):
         assert size >= 16 and size & (size - 1) == 0, f"{name} must be a power of two >= 16"
     block_n = min(block_n, tail_split)
@@ -192,7 +198,7 @@ def make_split_plan(kv: PagedKV, rows_per_kv_head: int, target_programs: int = 2
     cap = kv.k_tail.shape[1]
     tail_split = min(tail_split, max(block_n, 1 << (cap - 1).bit_length()))  # no tile past the capacity
     return SplitPlan(per_split, parts, part_tiles * block_n, math.ceil(slots / per_split) * parts, tail_split,
-                     max(1, math.ceil(cap / tail_split)), block_m, block_n)
+                     max(1, math.ceil(cap / tail_split)), block_m, block_n, num_warps, num_stages)
 
 
 if triton is not None:
@@ -367,7 +373,7 @@ def split_kv_attention(q: torch.Tensor, kv: PagedKV, scale: float, plan: SplitPl
         TAIL_SPLIT=plan.tail_split, HALF=d // 2, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, HAS_ROT=has_rot,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         DOT_FP32=q.dtype == torch.float32 or _interpreting(), INDIRECT=indirect,
-        ELEMS_16B=16 // kv.k_tail.element_size(), num_warps=4)
+        ELEMS_16B=16 // kv.k_tail.element_size(), num_warps=plan.num_warps, num_stages=plan.num_stages)
     if out is None:
         out = torch.empty_like(q)
     if lse_out is not None:

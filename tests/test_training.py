@@ -153,33 +153,35 @@ def test_data_parallel_training_run_and_resume(tmp_path):
     """Two processes (gloo on the CPU) train a small model from scratch: both take the same steps
     (a rank that stopped alone would leave the other waiting in an all-reduce: the timeout fails
     it), rank 0 alone exports. A second, single-process run resumes from the checkpoint and keeps
-    its architecture without being told it."""
+    its architecture without being told it. docqa.json's run list is the weights' own lineage, not
+    what the folder held before (here the bundled model's runs)."""
     torch.save(_corpus(), tmp_path / "corpus.pt")
     model_dir = tmp_path / "model"
     model_dir.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json"):
+    for name in ("tokenizer.json", "tokenizer_config.json", "docqa.json"):
         shutil.copy(BUNDLED_MODEL / name, model_dir / name)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     common = ["-m", "training.train", "--data", str(tmp_path), "--model-dir", str(model_dir), "--minutes", "0.1",
               "--total-minutes", "1", "--batch-size", "2", "--workers", "0", "--checkpoint",
               str(tmp_path / "ckpt.pt"), "--log-file", str(tmp_path / "log.json")]
     first = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                            *common, "--layers", "2", "--hidden", "128"],
+                            *common, "--layers", "2", "--hidden", "128", "--kv-heads", "1"],
                            env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     meta = json.loads((tmp_path / "log.json").read_text())["meta"]
     assert meta["processes"] == 2 and meta["gpus"] == 0 and meta["steps"] > 0
     assert first.stdout.count("exported to") == 1  # rank 0 only
     assert read_model_config(model_dir).num_layers == 2
+    assert json.loads((model_dir / "docqa.json").read_text())["training"]["runs"] == [meta]
     second = subprocess.run([sys.executable, *common, "--resume", str(tmp_path / "ckpt.pt")],
                             env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
     resumed = json.loads((tmp_path / "log.json").read_text())["meta"]
     assert resumed["processes"] == 1 and resumed["steps"] > meta["steps"]
     cfg = read_model_config(model_dir)
-    assert (cfg.num_layers, cfg.hidden_size) == (2, 128)
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_kv_heads) == (2, 128, 1)
     runs = json.loads((model_dir / "docqa.json").read_text())["training"]["runs"]
-    assert [r["steps"] for r in runs] == [meta["steps"], resumed["steps"]]
+    assert runs == [meta, resumed] and resumed["first_step"] == meta["steps"]
     assert load_model(model_dir).cfg == cfg
 
 

@@ -150,7 +150,7 @@ def diffusion_loss(model, batch, cfg: ModelConfig, gen: torch.Generator, eps: fl
     return per_row.mean(), acc
 
 
-def export(model: DiffusionLM, cfg: ModelConfig, model_dir: Path, meta: dict) -> None:
+def export(model: DiffusionLM, cfg: ModelConfig, model_dir: Path, runs: list[dict]) -> None:
     model_dir.mkdir(parents=True, exist_ok=True)
     for old in model_dir.glob("model-*.safetensors"):
         old.unlink()
@@ -158,14 +158,14 @@ def export(model: DiffusionLM, cfg: ModelConfig, model_dir: Path, meta: dict) ->
     (model_dir / "config.json").write_text(json.dumps(llada_config_json(cfg), indent=2))
     (model_dir / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id}, indent=2))
-    # docqa.json keeps what earlier runs and people wrote (defaults, weak_score, the run list);
-    # this run is appended to training.runs.
+    # docqa.json keeps what people wrote (defaults, weak_score); training.runs is these weights'
+    # lineage (`runs`: the runs they descend from, then this one), not the folder's earlier contents.
     path = model_dir / "docqa.json"
     existing = json.loads(path.read_text()) if path.exists() else {}
     defaults = {"chunk_size": CHUNK_SIZE, "top_k": 4, "scorer": "self_information", "llada_folds": 4,
                 "gen_length": ANSWER_LEN, "block_length": 32, "decoder": "threshold", "threshold": 0.9}
     training = dict(existing.get("training", {}))
-    training["runs"] = [*training.get("runs", []), meta]
+    training["runs"] = runs
     merged = {**defaults, **{k: v for k, v in existing.items() if k != "training"}, "training": training}
     path.write_text(json.dumps(merged, indent=2))
 
@@ -236,14 +236,19 @@ def main() -> None:
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
     step, elapsed_before, curve = 0, 0.0, []
+    earlier_runs = []  # the runs these weights descend from (docqa.json's training.runs)
     if args.init_from is not None:
         from engine.weights import load_model
 
         model.load_state_dict(load_model(args.init_from, device=device, dtype=torch.float32).state_dict())
+        earlier = args.init_from / "docqa.json"
+        earlier_runs = json.loads(earlier.read_text()).get("training", {}).get("runs", []) if earlier.exists() else []
     if resumed is not None:
         model.load_state_dict(resumed["model"])
         opt.load_state_dict(resumed["optimizer"])
         step, elapsed_before, curve = resumed["step"], resumed["elapsed"], resumed["curve"]
+        earlier_runs = resumed.get("runs", [])
+    first_step = step
     total = 60 * (args.total_minutes or args.minutes)
     stage = torch.multiprocessing.Value("i", 0)
     # Each rank draws its own examples and masks: the seeds differ by rank (rank 0's are a
@@ -322,19 +327,21 @@ def main() -> None:
         dist.destroy_process_group()
     if not lead:
         return
-    args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "elapsed": elapsed,
-                "curve": curve, "config": dataclasses.asdict(cfg)}, args.checkpoint)
-    if not all(torch.isfinite(p).all() for p in model.parameters()):
-        raise RuntimeError("training ended with non-finite weights; nothing exported")
-    meta = {"steps": step, "skipped_steps": skipped, "minutes": round(elapsed / 60, 2),
+    # steps and minutes count from the start of training, across resumes (from first_step on here).
+    meta = {"steps": step, "first_step": first_step, "skipped_steps": skipped, "minutes": round(elapsed / 60, 2),
             "batch_size": args.batch_size, "processes": world, "gpus": world if device.type == "cuda" else 0,
             "seed": args.seed,
             "parameters": n_params, "chunk_size": CHUNK_SIZE, "curriculum": CURRICULUM,
             "task_weights": args.task_weights, "niah_variant_weights": args.niah_variant_weights,
             "init_from": str(args.init_from) if args.init_from else None, "start_stage": args.start_stage,
-            "lr": args.lr}
-    export(model, cfg, args.model_dir, meta)
+            "lr": args.lr, "total_minutes": args.total_minutes}
+    runs = [*earlier_runs, meta]
+    args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "elapsed": elapsed,
+                "curve": curve, "config": dataclasses.asdict(cfg), "runs": runs}, args.checkpoint)
+    if not all(torch.isfinite(p).all() for p in model.parameters()):
+        raise RuntimeError("training ended with non-finite weights; nothing exported")
+    export(model, cfg, args.model_dir, runs)
     if args.log_file:
         args.log_file.write_text(json.dumps({"meta": meta, "curve": curve}, indent=1))
     print(f"done: {step} steps in {elapsed / 60:.1f} min; exported to {args.model_dir}", flush=True)

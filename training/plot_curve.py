@@ -13,7 +13,7 @@ from pathlib import Path
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("logs", type=Path, nargs="+", help="run logs (training.train --log), in run order")
+    ap.add_argument("logs", type=Path, nargs="+", help="run logs (training.train --log-file), in run order")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     import matplotlib
@@ -23,11 +23,15 @@ def main() -> None:
 
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 3.6))
     offset = 0
-    for i, path in enumerate(sorted(args.logs)):
-        curve = json.loads(path.read_text())["curve"]
+    for path in args.logs:
+        log = json.loads(path.read_text())
+        curve, label = log["curve"], path.stem.removeprefix("docqa-tiny-train-")
         steps = [offset + row["step"] for row in curve]
-        loss_ax.plot(steps, [row["loss"] for row in curve], lw=0.8, label=f"run {i + 1}")
-        acc_ax.plot(steps, [row["masked_acc"] for row in curve], lw=0.8, label=f"run {i + 1}")
+        loss_ax.plot(steps, [row["loss"] for row in curve], lw=0.8, label=label)
+        acc_ax.plot(steps, [row["masked_acc"] for row in curve], lw=0.8, label=label)
+        if log["meta"].get("first_step"):  # a resumed run's curve holds its earlier part too: mark the resume
+            for ax in (loss_ax, acc_ax):
+                ax.axvline(offset + log["meta"]["first_step"], color="grey", lw=0.6, ls="--")
         offset = steps[-1] if steps else offset
     loss_ax.set(xlabel="step (all runs)", ylabel="masked-diffusion loss", yscale="log")
     acc_ax.set(xlabel="step (all runs)", ylabel="masked-token accuracy")

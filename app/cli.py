@@ -178,6 +178,7 @@ def _cmd_answer(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from app.defaults import answer_params, model_defaults
+    from app.kv_service import prefill_text
     from engine import Engine
     from engine.decode import DecodeStep
 
@@ -195,7 +196,7 @@ def _cmd_answer(args: argparse.Namespace) -> int:
                                               top_p=args.top_p, top_k=args.top_k_sampling, seed=args.seed))
     engine = Engine.from_pretrained(model_dir, device=args.device)
     chunk_size = args.chunk_size or defaults.chunk_size
-    docs = [engine.prefill_text(text, chunk_size) for text in texts]
+    docs = [prefill_text(engine, text, chunk_size)[0] for text in texts]
     for event in engine.stream_answer(docs, args.question, params):
         if isinstance(event, DecodeStep):
             continue

@@ -13,8 +13,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
 from app import ruler
 from app.defaults import answer_params, model_defaults
+from app.kv_service import prefill_text
 from engine import Engine
 
 
@@ -40,19 +43,18 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
     soon as it is scored, so an interrupted evaluation keeps what it measured."""
     rows = []
     for s in samples:
-        enc = engine.tokenizer(s.context, add_special_tokens=False, return_offsets_mapping=True)
         start = time.perf_counter()
-        doc = engine.prefill(enc["input_ids"], chunk_size)
+        doc, offsets = prefill_text(engine, s.context, chunk_size)
         prefill_s = time.perf_counter() - start
         needle_chunks = set()
         for out in s.outputs:
             at = s.context.find(str(out))
             if at >= 0:
-                tok = next((i for i, (_, b) in enumerate(enc["offset_mapping"]) if b > at), None)
-                if tok is not None:
-                    needle_chunks.add(tok // (chunk_size - 1))
+                tok = next((i for i, (_, b) in enumerate(offsets) if b > at), None)
+                if tok is not None:  # the chunk whose content holds that token
+                    needle_chunks.add(int(torch.searchsorted(doc.content_starts, tok, right=True)) - 1)
         for mode in modes:
-            if mode == "dense" and len(enc["input_ids"]) > dense_max_tokens:
+            if mode == "dense" and len(offsets) > dense_max_tokens:
                 continue
             t = time.perf_counter()
             result = engine.answer(doc, s.question, answer_params(model_defaults(engine.path), kv_mode=mode))

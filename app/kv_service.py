@@ -12,7 +12,9 @@ import logging
 
 import torch
 
+from app.sentences import sentence_starts
 from engine import DocumentKV, Engine
+from engine.chunking import token_breaks
 from engine.prefill import ProgressFn
 from storage import ChunkRecord, DocumentStore, KVFileError, KVKey, PageSpan, TieredKVPool
 
@@ -46,6 +48,16 @@ def chunk_records(doc: DocumentKV, offsets: list[tuple[int, int]], text: str,
         records.append(ChunkRecord(j, tok_start, tok_end, char_start, char_end, first, last,
                                    text[char_start:char_end]))
     return records
+
+
+def prefill_text(engine: Engine, text: str, chunk_size: int, progress: ProgressFn | None = None
+                 ) -> tuple[DocumentKV, list[tuple[int, int]]]:
+    """The app's prefill of a document's text: chunks cut at sentence and paragraph starts where
+    they can be, so a short sentence (a fact, a needle) is never split between two chunks. Returns
+    the KV and each token's character span."""
+    enc = engine.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    breaks = token_breaks(sentence_starts(text), enc["offset_mapping"])
+    return engine.prefill(enc["input_ids"], chunk_size, progress, breaks=breaks), enc["offset_mapping"]
 
 
 class DocumentKVService:
@@ -82,10 +94,9 @@ class DocumentKVService:
 
     def _prefill_and_save(self, key: KVKey, progress: ProgressFn | None) -> DocumentKV:
         text = self.store.document_text(key.document_id)
-        enc = self.engine.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        doc = self.engine.prefill(enc["input_ids"], key.chunk_size, progress)
-        chunks = chunk_records(doc, enc["offset_mapping"], text, self.store.pages(key.document_id))
-        self.store.save_kv(key, kv_to_tensors(doc), CHUNK_AXIS, chunks, num_tokens=len(enc["input_ids"]))
+        doc, offsets = prefill_text(self.engine, text, key.chunk_size, progress)
+        chunks = chunk_records(doc, offsets, text, self.store.pages(key.document_id))
+        self.store.save_kv(key, kv_to_tensors(doc), CHUNK_AXIS, chunks, num_tokens=len(offsets))
         return tensors_to_kv(self.pool.put(key, kv_to_tensors(doc), source="prefill"))
 
     def forget(self, doc_id: str) -> None:

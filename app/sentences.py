@@ -12,18 +12,37 @@ _ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc"
 _BOUNDARY = re.compile(r"([.!?][\"'\u201d\u2019)\]]*)\s+(?=[\"'\u201c\u2018(\[]?[A-Z0-9])")
 
 
-def split_sentences(text: str) -> list[str]:
-    """Splits text into sentences; whitespace between sentences is dropped."""
-    sentences, start = [], 0
+_PARAGRAPH = re.compile(r"\n[ \t]*\n\s*(?=\S)")
+
+
+def _boundaries(text: str):
+    """(end of a sentence, start of the next) for every sentence boundary, in order."""
+    start = 0
     for match in _BOUNDARY.finditer(text):
         end = match.end(1)
         words = text[start:end].rstrip(".!?\"')]\u201d\u2019").split()
         last = words[-1].lower() if words else ""
         if last in _ABBREVIATIONS or (len(last) == 1 and last.isalpha()):
             continue  # "Dr. Smith", "J. Doe"
-        sentences.append(text[start:end].strip())
+        yield end, match.end()
         start = match.end()
+
+
+def split_sentences(text: str) -> list[str]:
+    """Splits text into sentences; whitespace between sentences is dropped."""
+    sentences, start = [], 0
+    for end, next_start in _boundaries(text):
+        sentences.append(text[start:end].strip())
+        start = next_start
     tail = text[start:].strip()
     if tail:
         sentences.append(tail)
     return sentences
+
+
+def sentence_starts(text: str) -> list[int]:
+    """Character offsets where a sentence or a paragraph begins (not the text's start), sorted:
+    where a document's chunks are best cut (`engine.chunking.chunk_tokens`)."""
+    starts = {next_start for _, next_start in _boundaries(text)}
+    starts.update(match.end() for match in _PARAGRAPH.finditer(text))
+    return sorted(s for s in starts if 0 < s < len(text))

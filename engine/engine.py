@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,13 +140,15 @@ class Engine:
 
     def prefill(self, token_ids: torch.Tensor | list[int], chunk_size: int,
                 progress: ProgressFn | None = None, token_budget: int = 16384,
-                out_device: torch.device | str | None = None) -> DocumentKV:
-        """Encodes a document's tokens into BOS-prefixed per-chunk KV ([L, N, Hkv, C, D])."""
+                out_device: torch.device | str | None = None, breaks: Sequence[int] | None = None) -> DocumentKV:
+        """Encodes a document's tokens into BOS-prefixed per-chunk KV ([L, N, Hkv, C, D]); `breaks`:
+        token indices where sentences begin, where chunks are cut when they can be."""
         return prefill_document(self.model, self.attention, token_ids, chunk_size, progress, token_budget, out_device,
-                                layer_functions_for(self.device, self.compile_layers, dynamic=True))
+                                layer_functions_for(self.device, self.compile_layers, dynamic=True), breaks)
 
     def prefill_text(self, text: str, chunk_size: int, progress: ProgressFn | None = None) -> DocumentKV:
-        """Tokenizes plain text (no special tokens) and prefills it."""
+        """Tokenizes plain text (no special tokens) and prefills it (fixed cuts; the app cuts at
+        sentence starts, `app.kv_service.prefill_text`)."""
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.prefill(ids, chunk_size, progress)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -25,10 +25,11 @@ def prefill_document(model: DiffusionLM, attention: AttentionBackend,
                      token_ids: torch.Tensor | list[int], chunk_size: int,
                      progress: ProgressFn | None = None, token_budget: int = PREFILL_TOKEN_BUDGET,
                      out_device: torch.device | str | None = None,
-                     layer_fns: LayerFunctions | None = None) -> DocumentKV:
+                     layer_fns: LayerFunctions | None = None, breaks: Sequence[int] | None = None) -> DocumentKV:
     """Encodes a document's content tokens into per-chunk KV.
 
-    Chunks are `[BOS] + C-1 content tokens`, batched so that one forward holds at most
+    Chunks are `[BOS] + at most C-1 content tokens` (cut at sentence starts when `breaks` gives
+    them, see `engine.chunking.chunk_tokens`), batched so that one forward holds at most
     `token_budget` tokens: a 1M-token document never needs all activations at once. The KV lands
     in one preallocated `[L, N, Hkv, C, D]` buffer on `out_device` (default: the model's device).
     `layer_fns`: the layers' halves around attention (default eager; see engine.compiled_layers).
@@ -38,7 +39,7 @@ def prefill_document(model: DiffusionLM, attention: AttentionBackend,
     dtype = model.embed_tokens.weight.dtype
     out_device = torch.device(out_device) if out_device is not None else device
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
-    chunks = chunk_tokens(token_ids, chunk_size, cfg.bos_token_id, pad)
+    chunks = chunk_tokens(token_ids, chunk_size, cfg.bos_token_id, pad, breaks)
     n, c = chunks.num_chunks, chunk_size
     shape = (cfg.num_layers, n, cfg.num_kv_heads, c, cfg.head_dim)
     pin = out_device.type == "cpu" and device.type == "cuda"

@@ -136,6 +136,30 @@ def test_ingest_ask_cite_and_remember(service):
     assert cached.cached and cached.answer == "6150382"
 
 
+def test_chunks_keep_a_needle_whole(service):
+    """The app cuts chunks at sentence starts: a needle that a fixed 127-token cut would split
+    (its key in one chunk, its value in the next, so no chunk answers) stays in one chunk, and
+    the question is answered."""
+    from engine.chunking import chunk_starts
+
+    filler = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " * 4
+    tok = service.engine.tokenizer
+    for words in range(200):  # move the needle until a fixed cut falls inside it
+        text = filler + "So it goes. " * (words // 3) + "And " * (words % 3) + NEEDLE + " " + filler
+        at = text.index(NEEDLE)
+        offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        first = next(i for i, (_, end) in enumerate(offsets) if end > at)
+        last = next(i for i, (_, end) in enumerate(offsets) if end >= at + len(NEEDLE))
+        if any(first < cut <= last for cut in chunk_starts(len(offsets), 127)):
+            break
+    else:
+        pytest.fail("no filler length put a fixed cut inside the needle")
+    info, _ = service.ingest(text.encode(), "cut.txt")
+    records = service.kv.chunks(info.record.id, 128)
+    assert sum(NEEDLE in r.text for r in records) == 1
+    assert service.answer(NEEDLE_Q, [info.record.id]).answer == "6150382"
+
+
 def test_weak_score_warns(service):
     info, _ = service.ingest(small_pdf(), "notes.pdf")
     result = service.answer("Who painted the ceiling of the opera house in Lisbon?", [info.record.id])

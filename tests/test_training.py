@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from app import ruler
 from app.defaults import BUNDLED_MODEL
 from app.evaluation import EvalRow, heatmap, summarize
-from app.sentences import split_sentences
+from app.sentences import sentence_starts, split_sentences
 from engine.weights import load_model, read_model_config
 from training.tasks import (
     ROLE_ANSWER,
@@ -119,6 +119,9 @@ def test_sentence_splitter():
     text = 'Dr. Smith left at 5 p.m. "Why?" she asked. The U.S. Army won. 42 came next.'
     assert split_sentences(text) == ["Dr. Smith left at 5 p.m.", '"Why?" she asked.', "The U.S. Army won.",
                                      "42 came next."]
+    # Where chunks may be cut: each later sentence's start, and a paragraph's, never mid-sentence.
+    text += "\n\nlower-case heading\nand a wrapped line."
+    assert [text[i:i + 6] for i in sentence_starts(text)] == ['"Why?"', "The U.", "42 cam", "lower-"]
 
 
 def test_ruler_scoring():

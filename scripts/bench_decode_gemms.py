@@ -10,12 +10,15 @@ is served from L2), and each variant is replayed inside a CUDA graph, as a decod
 
 - `linear`: F.linear over weights stored [N, K], the engine's layout, with PyTorch's default BLAS;
 - `linear_cublaslt`: the same with `preferred_blas_library("cublaslt")`;
-- `mm_kn`: x @ W over weights stored transposed, [K, N] contiguous.
+- `mm_kn`: x @ W over weights stored transposed, [K, N] contiguous;
+- `triton_skinny` (with `--skinny-sweep`): `scripts.skinny_linear`, the fastest of a sweep of its
+  plans for each product (every plan is checked against the fp32 product first).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -23,6 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import KNOWN_CONFIGS
+from scripts.skinny_linear import SkinnyPlan, skinny_linear, triton
+
+SMEM_BYTES = 232_448  # an H200 block's shared memory: plans that need more are skipped
 
 
 def _gemm_shapes(name: str) -> dict[str, tuple[int, int, int]]:
@@ -83,13 +89,67 @@ def _measure_gemm(name: str, gemm: str, n: int, k: int, count: int, rows: int, g
     return out
 
 
-def _measure(name: str, rows: int) -> list[dict]:
+def skinny_plans(n: int, k: int, rows: int) -> list[SkinnyPlan]:
+    """Plans worth timing for one product: tiles of 32-128 outputs and 128-256 of K, the K axis cut
+    so that there are at least two waves of programs on 132 SMs (and twice that), 3 or 5 stages."""
+    plans = []
+    block_m = max(16, 1 << (rows - 1).bit_length())
+    for block_n in (32, 64, 128):
+        for block_k in (128, 256):
+            tiles = -(-n // block_n)
+            split = 1
+            while tiles * split < 264 and split * 2 * block_k <= k:
+                split *= 2
+            for split_k in sorted({split, min(split * 2, max(1, k // block_k))}):
+                for stages in (3, 5):
+                    if (block_n + block_m) * block_k * 2 * stages <= SMEM_BYTES:
+                        plans.append(SkinnyPlan(block_n, block_k, split_k, num_warps=4, num_stages=stages))
+    return plans
+
+
+def _sweep_skinny(name: str, gemm: str, x: torch.Tensor, weights: list[torch.Tensor], ref: torch.Tensor,
+                  count: int) -> tuple[list[dict], dict | None]:
+    """Times every plan (checked first); returns all rows and the fastest."""
+    n, k = weights[0].shape
+    rows, best = [], None
+    for plan in skinny_plans(n, k, x.shape[0]):
+        workspace = torch.empty(plan.split_k, x.shape[0], n, device="cuda", dtype=torch.float32)
+        try:
+            err = (skinny_linear(x, weights[-1], plan, workspace).float() - ref).abs().max().item()
+            ms = _graph_ms(lambda plan=plan, workspace=workspace: [skinny_linear(x, w, plan, workspace)
+                                                                   for w in weights])
+        except Exception as e:  # out of resources for this tile: skip the plan
+            print(f"skip {gemm} {plan}: {type(e).__name__}", flush=True)
+            continue
+        row = {"shape": name, "gemm": gemm, "n": n, "k": k, "rows": x.shape[0], "per_step": count,
+               "variant": "triton_skinny", "plan": dataclasses.asdict(plan),
+               "us_each": 1000 * ms / count, "ms_per_step": ms, "tb_s": n * k * 2 * count / ms / 1e9,
+               "max_abs_error": err}
+        rows.append(row)
+        if err < 0.05 * ref.abs().max().item() and (best is None or ms < best["ms_per_step"]):
+            best = row
+    if best is not None:
+        print(json.dumps(best), flush=True)
+    return rows, best
+
+
+def _measure(name: str, rows: int, sweep: bool) -> tuple[list[dict], list[dict]]:
+    """(each variant's row per product, the skinny kernel's whole sweep)."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    out = []
+    out, swept = [], []
     for gemm, (n, k, count) in _gemm_shapes(name).items():
         out += _measure_gemm(name, gemm, n, k, count, rows, g)
+        if sweep:
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, generator=g)
+            weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+                       for _ in range(count)]
+            all_rows, best = _sweep_skinny(name, gemm, x, weights, F.linear(x.float(), weights[-1].float()), count)
+            swept += all_rows
+            if best is not None:
+                out.append(best)
+            del weights
         torch.cuda.empty_cache()
-    return out
+    return out, swept
 
 
 def main() -> None:
@@ -97,8 +157,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("decode-gemms.json"))
     ap.add_argument("--shapes", nargs="+", default=["dream-7b", "llada-8b"], choices=sorted(KNOWN_CONFIGS))
     ap.add_argument("--rows", type=int, default=32, help="rows a step multiplies (the active block)")
+    ap.add_argument("--skinny-sweep", action="store_true", help="also time engine.skinny_linear's plans")
     args = ap.parse_args()
-    rows = [r for name in args.shapes for r in _measure(name, args.rows)]
+    if args.skinny_sweep and triton is None:
+        raise SystemExit("--skinny-sweep needs the triton package")
+    rows, swept = [], []
+    for name in args.shapes:
+        measured, sweep = _measure(name, args.rows, args.skinny_sweep)
+        rows += measured
+        swept += sweep
     totals = {}
     for r in rows:
         key = f"{r['shape']} {r['variant']}"
@@ -106,7 +173,7 @@ def main() -> None:
     for key, ms in totals.items():
         print(f"{key}: {ms:.3f} ms of matrix multiplies a step")
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "rows": rows, "ms_per_step": totals}, indent=1))
+                                    "rows": rows, "ms_per_step": totals, "skinny_sweep": swept}, indent=1))
 
 
 if __name__ == "__main__":

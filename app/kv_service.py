@@ -21,6 +21,10 @@ from storage import ChunkRecord, DocumentStore, KVFileError, KVKey, PageSpan, Ti
 logger = logging.getLogger(__name__)
 
 CHUNK_AXIS = {"keys": 1, "values": 1, "tokens": 0, "lengths": 0, "content_starts": 0}
+# The cut `prefill_text` makes, recorded with every cache: caches cut another way (the fixed cut of
+# caches written before the eighth session) are not reused, but prefilled again. Rename it when the
+# cut changes.
+CHUNKING = "sentence-starts-v1"
 
 
 def kv_to_tensors(doc: DocumentKV) -> dict[str, torch.Tensor]:
@@ -66,7 +70,7 @@ class DocumentKVService:
 
     def key(self, doc_id: str, chunk_size: int) -> KVKey:
         dtype = str(self.engine.dtype).removeprefix("torch.")
-        return KVKey(doc_id, self.engine.fingerprint, chunk_size, dtype)
+        return KVKey(doc_id, self.engine.fingerprint, chunk_size, dtype, CHUNKING)
 
     def get(self, doc_id: str, chunk_size: int, progress: ProgressFn | None = None) -> DocumentKV:
         """The document's KV on the engine's device: pool hit, disk load, or prefill (then saved)."""

@@ -155,3 +155,11 @@ def m003_collections(db: Database) -> None:
         PRIMARY KEY (collection_id, document_id)
     ) STRICT
     """)
+
+
+@migrations()
+def m004_kv_chunking(db: Database) -> None:
+    """How a cache's chunks were cut. Caches written before the cut was recorded used the fixed cut
+    ('fixed'); a reader asking for another cut does not find them and prefills again, and the new
+    cache replaces the old one (one cache per document, model, chunk size and dtype)."""
+    db.execute("ALTER TABLE kv_caches ADD COLUMN chunking TEXT NOT NULL DEFAULT 'fixed'")

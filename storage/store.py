@@ -78,6 +78,7 @@ class KVKey:
     model_fingerprint: str
     chunk_size: int
     dtype: str
+    chunking: str  # how the chunks were cut (the caller's name for it): another cut is another cache
 
     @property
     def folder_prefix(self) -> str:
@@ -231,15 +232,16 @@ class DocumentStore:
     def _cache_record(self, row: dict) -> KVCacheRecord:
         files = tuple(ShardInfo(f["shard"], f["path"], f["bytes"], f["sha256"], f["chunk_start"], f["chunk_end"])
                       for f in self.db.query("SELECT * FROM kv_files WHERE cache_id = ? ORDER BY shard", [row["id"]]))
-        key = KVKey(row["document_id"], row["model_fingerprint"], row["chunk_size"], row["dtype"])
+        key = KVKey(row["document_id"], row["model_fingerprint"], row["chunk_size"], row["dtype"], row["chunking"])
         return KVCacheRecord(row["id"], key, row["num_chunks"], row["num_tokens"], row["status"], row["bytes"],
                              files, row["last_used_at"], row["folder"])
 
     def find_kv(self, key: KVKey) -> KVCacheRecord | None:
-        """The ready cache for this (document, model, chunk size, dtype), if its files exist."""
+        """The ready cache for this (document, model, chunk size, dtype, chunking), if its files exist."""
         rows = list(self.db.query(
             "SELECT * FROM kv_caches WHERE document_id = ? AND model_fingerprint = ? AND chunk_size = ? "
-            "AND dtype = ? AND status = 'ready'", [key.document_id, key.model_fingerprint, key.chunk_size, key.dtype]))
+            "AND dtype = ? AND chunking = ? AND status = 'ready'",
+            [key.document_id, key.model_fingerprint, key.chunk_size, key.dtype, key.chunking]))
         return self._cache_record(rows[0]) if rows else None
 
     def caches_of(self, doc_id: str) -> list[KVCacheRecord]:
@@ -258,7 +260,7 @@ class DocumentStore:
         if any(n != len(chunks) for n in sizes.values()):
             raise ValueError(f"{len(chunks)} chunk records for tensors with chunk counts {sizes}")
         meta = {"document_id": key.document_id, "model_fingerprint": key.model_fingerprint,
-                "chunk_size": str(key.chunk_size), "dtype": key.dtype}
+                "chunk_size": str(key.chunk_size), "dtype": key.dtype, "chunking": key.chunking}
         with self._writing():
             return self._save_kv_locked(key, tensors, chunk_axis, chunks, num_tokens, meta)
 
@@ -268,6 +270,7 @@ class DocumentStore:
         shards = write_kv_shards(self.root, folder, tensors, chunk_axis, num_chunks, self.max_shard_bytes, meta)
         total = sum(s.bytes for s in shards)
         now = _now()
+        # Without `chunking`: a cache of another cut for the same key is replaced, not kept beside.
         where = "document_id = ? AND model_fingerprint = ? AND chunk_size = ? AND dtype = ?"
         args = [key.document_id, key.model_fingerprint, key.chunk_size, key.dtype]
         try:
@@ -276,7 +279,8 @@ class DocumentStore:
                 self.db.execute(f"DELETE FROM kv_caches WHERE {where}", args)
                 cache_id = self.db["kv_caches"].insert({
                     "document_id": key.document_id, "model_fingerprint": key.model_fingerprint,
-                    "chunk_size": key.chunk_size, "dtype": key.dtype, "num_chunks": num_chunks,
+                    "chunk_size": key.chunk_size, "dtype": key.dtype, "chunking": key.chunking,
+                    "num_chunks": num_chunks,
                     "num_tokens": num_tokens, "status": "ready", "folder": folder, "bytes": total,
                     "created_at": now, "last_used_at": now}).last_pk
                 self.db["kv_files"].insert_all([{"cache_id": cache_id, **s.__dict__} for s in shards])

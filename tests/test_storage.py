@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.kv_service import CHUNK_AXIS, DocumentKVService, kv_to_tensors
+from app.kv_service import CHUNK_AXIS, CHUNKING, DocumentKVService, kv_to_tensors
 from engine import Engine
 from engine.weights import model_fingerprint
 from storage import (
@@ -62,11 +62,30 @@ def test_migrations_apply_to_an_empty_database(tmp_path):
     db = connect(tmp_path / "x.sqlite")
     assert {"documents", "pages", "kv_caches", "kv_files", "chunks", "conversations", "messages"} <= set(
         db.table_names())
-    assert [m.name for m in migrations.applied(db)] == ["m001_initial", "m002_jobs", "m003_collections"]
+    assert [m.name for m in migrations.applied(db)] == ["m001_initial", "m002_jobs", "m003_collections",
+                                                        "m004_kv_chunking"]
     assert db.journal_mode == "wal"
     assert next(db.query("PRAGMA foreign_keys"))["foreign_keys"] == 1
     again = connect(tmp_path / "x.sqlite")
     assert [m.name for m in migrations.pending(again)] == []
+
+
+def test_caches_written_before_the_cut_was_recorded_read_as_the_fixed_cut(tmp_path):
+    import sqlite3
+
+    from sqlite_utils import Database
+
+    path = tmp_path / "old.sqlite"
+    old = Database(sqlite3.connect(str(path)))
+    migrations.apply(old, stop_before="m004_kv_chunking")
+    old["documents"].insert({"id": "d", "name": "d.txt", "mime": "text/plain", "size_bytes": 1, "page_count": 1,
+                             "text_chars": 1, "status": "ready", "created_at": "t", "updated_at": "t"})
+    old["kv_caches"].insert({"document_id": "d", "model_fingerprint": "fp", "chunk_size": 16, "dtype": "float32",
+                             "num_chunks": 1, "num_tokens": 1, "status": "ready", "folder": "kv/d/x", "bytes": 0,
+                             "created_at": "t", "last_used_at": "t"})
+    old.conn.close()
+    db = connect(path)
+    assert [row["chunking"] for row in db.query("SELECT chunking FROM kv_caches")] == ["fixed"]
 
 
 def test_documents_are_deduplicated_by_content(tmp_path):
@@ -159,7 +178,7 @@ WRITER = textwrap.dedent("""
     i = 0
     print("ready", flush=True)
     while True:
-        key = KVKey(doc, f"fp{i % 3}", 16, "float32")
+        key = KVKey(doc, f"fp{i % 3}", 16, "float32", "fixed")
         store.save_kv(key, {"keys": torch.full((2, 64, 4, 16, 64), float(i))}, axis,
                       [ChunkRecord(j, 0, 1, 0, 1, 0, 0, "x") for j in range(64)], 64)
         i += 1
@@ -229,6 +248,22 @@ def test_chunk_size_change_keeps_old_cache_until_new_is_complete(engine, tmp_pat
     assert store.find_kv(service.key(doc_id, 64)).num_chunks < old.num_chunks
 
 
+def test_a_cache_cut_another_way_is_prefilled_again_and_replaced(engine, tmp_path):
+    service, store = _service(engine, tmp_path)
+    doc_id = _add(store)
+    service.get(doc_id, 32)
+    before = store.find_kv(service.key(doc_id, 32))
+    # As a cache written before the cut was recorded reads after the migration.
+    store.db.execute("UPDATE kv_caches SET chunking = 'fixed' WHERE id = ?", [before.id])
+    assert store.find_kv(service.key(doc_id, 32)) is None
+    fresh, _ = _service(engine, tmp_path)
+    fresh.get(doc_id, 32)
+    assert fresh.pool.counters.prefills == 1, "the old cut is not answered from"
+    caches = store.caches_of(doc_id)
+    assert [c.key.chunking for c in caches] == [CHUNKING], "one cache per key: the old one is replaced"
+    assert not (tmp_path / before.folder).exists()
+
+
 # ---- restart and two processes -------------------------------------------------------------------
 
 ASKER = textwrap.dedent("""
@@ -288,7 +323,7 @@ FULL_DISK = textwrap.dedent("""
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # no file may exceed 1 MiB
     try:
-        store.save_kv(KVKey(doc, "fp", 16, "float32"), {"keys": torch.zeros(2, 8, 4, 16, 1024)}, {"keys": 1},
+        store.save_kv(KVKey(doc, "fp", 16, "float32", "fixed"), {"keys": torch.zeros(2, 8, 4, 16, 1024)}, {"keys": 1},
                       [ChunkRecord(j, 0, 1, 0, 1, 0, 0, "x") for j in range(8)], 8)
     except StorageFullError as exc:
         print("FULL:", exc)
@@ -319,7 +354,7 @@ def test_full_tmpfs_is_a_clear_error(tmp_path):
         store = DocumentStore(mount)
         doc_id = _add(store)
         with pytest.raises(StorageFullError, match="no space left"):
-            store.save_kv(KVKey(doc_id, "fp", 16, "float32"), {"keys": torch.zeros(2, 8, 4, 16, 4096)},
+            store.save_kv(KVKey(doc_id, "fp", 16, "float32", "fixed"), {"keys": torch.zeros(2, 8, 4, 16, 4096)},
                           {"keys": 1}, [ChunkRecord(j, 0, 1, 0, 1, 0, 0, "x") for j in range(8)], 8)
         assert store.db["kv_caches"].count == 0
         assert not list((mount / "kv").rglob("*.safetensors"))

@@ -118,7 +118,7 @@ def _sweep_skinny(name: str, gemm: str, x: torch.Tensor, weights: list[torch.Ten
             err = (skinny_linear(x, weights[-1], plan, workspace).float() - ref).abs().max().item()
             ms = _graph_ms(lambda plan=plan, workspace=workspace: [skinny_linear(x, w, plan, workspace)
                                                                    for w in weights])
-        except Exception as e:  # out of resources for this tile: skip the plan
+        except triton.runtime.errors.OutOfResources as e:  # the tile needs more shared memory: skip it
             print(f"skip {gemm} {plan}: {type(e).__name__}", flush=True)
             continue
         row = {"shape": name, "gemm": gemm, "n": n, "k": k, "rows": x.shape[0], "per_step": count,
@@ -157,7 +157,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("decode-gemms.json"))
     ap.add_argument("--shapes", nargs="+", default=["dream-7b", "llada-8b"], choices=sorted(KNOWN_CONFIGS))
     ap.add_argument("--rows", type=int, default=32, help="rows a step multiplies (the active block)")
-    ap.add_argument("--skinny-sweep", action="store_true", help="also time engine.skinny_linear's plans")
+    ap.add_argument("--skinny-sweep", action="store_true", help="also time scripts.skinny_linear's plans")
     args = ap.parse_args()
     if args.skinny_sweep and triton is None:
         raise SystemExit("--skinny-sweep needs the triton package")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from dataclasses import replace
 
 import torch
 
@@ -27,8 +28,27 @@ CHUNK_AXIS = {"keys": 1, "values": 1, "tokens": 0, "lengths": 0, "content_starts
 CHUNKING = "sentence-starts-v1"
 
 
-def kv_to_tensors(doc: DocumentKV) -> dict[str, torch.Tensor]:
-    return {"keys": doc.keys, "values": doc.values, "tokens": doc.tokens, "lengths": doc.lengths,
+def stored_kv_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype KV files hold keys and values in: the engine's own when it computes in 16 bits,
+    else bf16. A CPU engine computes in fp32, whose KV would take twice the disk (36 KB a token for
+    the bundled model) for digits the GPU path never has."""
+    return dtype if torch.finfo(dtype).bits <= 16 else torch.bfloat16
+
+
+def at_stored_precision(doc: DocumentKV) -> DocumentKV:
+    """The KV rounded to what its files keep (a no-op for a 16-bit engine), in the engine's dtype:
+    the first question on a new document then sees exactly what every later one, and a restart,
+    will load."""
+    stored = stored_kv_dtype(doc.keys.dtype)
+    if stored == doc.keys.dtype:
+        return doc
+    return replace(doc, keys=doc.keys.to(stored).to(doc.keys.dtype), values=doc.values.to(stored).to(doc.values.dtype))
+
+
+def kv_to_tensors(doc: DocumentKV, kv_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The KV as named tensors; keys and values cast to `kv_dtype` when given (for the files)."""
+    keys, values = (doc.keys, doc.values) if kv_dtype is None else (doc.keys.to(kv_dtype), doc.values.to(kv_dtype))
+    return {"keys": keys, "values": values, "tokens": doc.tokens, "lengths": doc.lengths,
             "content_starts": doc.content_starts}
 
 
@@ -57,11 +77,13 @@ def chunk_records(doc: DocumentKV, offsets: list[tuple[int, int]], text: str,
 def prefill_text(engine: Engine, text: str, chunk_size: int, progress: ProgressFn | None = None
                  ) -> tuple[DocumentKV, list[tuple[int, int]]]:
     """The app's prefill of a document's text: chunks cut at sentence and paragraph starts where
-    they can be, so a short sentence (a fact, a needle) is never split between two chunks. Returns
-    the KV and each token's character span."""
+    they can be, so a short sentence (a fact, a needle) is never split between two chunks; the KV
+    at the precision its files keep (`at_stored_precision`). Returns the KV and each token's
+    character span."""
     enc = engine.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     breaks = token_breaks(sentence_starts(text), enc["offset_mapping"])
-    return engine.prefill(enc["input_ids"], chunk_size, progress, breaks=breaks), enc["offset_mapping"]
+    doc = engine.prefill(enc["input_ids"], chunk_size, progress, breaks=breaks)
+    return at_stored_precision(doc), enc["offset_mapping"]
 
 
 class DocumentKVService:
@@ -69,6 +91,8 @@ class DocumentKVService:
         self.engine, self.store, self.pool = engine, store, pool
 
     def key(self, doc_id: str, chunk_size: int) -> KVKey:
+        # The engine's dtype, not the files' (stored_kv_dtype): the prefill's arithmetic decides
+        # the values, the files only how they are rounded.
         dtype = str(self.engine.dtype).removeprefix("torch.")
         return KVKey(doc_id, self.engine.fingerprint, chunk_size, dtype, CHUNKING)
 
@@ -82,6 +106,8 @@ class DocumentKVService:
         if record is not None:
             try:
                 tensors = self.store.load_kv(record, CHUNK_AXIS, "cpu")
+                for name in ("keys", "values"):  # files hold stored_kv_dtype (older ones the engine's)
+                    tensors[name] = tensors[name].to(self.engine.dtype)
                 return tensors_to_kv(self.pool.put(key, tensors, source="disk"))
             except KVFileError as exc:
                 logger.warning("recomputing the KV of %s: %s", doc_id, exc)
@@ -100,7 +126,8 @@ class DocumentKVService:
         text = self.store.document_text(key.document_id)
         doc, offsets = prefill_text(self.engine, text, key.chunk_size, progress)
         chunks = chunk_records(doc, offsets, text, self.store.pages(key.document_id))
-        self.store.save_kv(key, kv_to_tensors(doc), CHUNK_AXIS, chunks, num_tokens=len(offsets))
+        self.store.save_kv(key, kv_to_tensors(doc, stored_kv_dtype(doc.keys.dtype)), CHUNK_AXIS, chunks,
+                           num_tokens=len(offsets))
         return tensors_to_kv(self.pool.put(key, kv_to_tensors(doc), source="prefill"))
 
     def forget(self, doc_id: str) -> None:

@@ -15,8 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.kv_service import CHUNK_AXIS, CHUNKING, DocumentKVService, kv_to_tensors
-from engine import Engine
+from app.kv_service import (
+    CHUNK_AXIS,
+    CHUNKING,
+    DocumentKVService,
+    at_stored_precision,
+    kv_to_tensors,
+    stored_kv_dtype,
+)
+from engine import DocumentKV, Engine
 from engine.weights import model_fingerprint
 from storage import (
     ChunkRecord,
@@ -106,10 +113,18 @@ def test_kv_round_trip_is_bitwise_and_sharded(engine, tmp_path):
     first = service.get(doc_id, chunk_size=32)
     record = store.find_kv(service.key(doc_id, 32))
     assert len(record.files) > 1, "small shard limit should split the cache"
-    loaded = DocumentStore(tmp_path).load_kv(record, CHUNK_AXIS)
+    files = DocumentStore(tmp_path).load_kv(record, CHUNK_AXIS)
     for name, tensor in kv_to_tensors(first).items():
-        assert loaded[name].dtype == tensor.dtype
-        assert torch.equal(loaded[name], tensor.cpu()), name
+        if name in ("keys", "values"):  # an fp32 (CPU) engine's KV is kept in bf16: half the disk
+            assert tensor.dtype == torch.float32 and files[name].dtype == torch.bfloat16
+        else:
+            assert files[name].dtype == tensor.dtype
+        assert torch.equal(files[name].to(tensor.dtype), tensor.cpu()), name
+    restarted, _ = _service(engine, tmp_path)
+    again = restarted.get(doc_id, chunk_size=32)
+    assert restarted.pool.counters.loads == 1 and restarted.pool.counters.prefills == 0
+    for name, tensor in kv_to_tensors(first).items():  # the first question saw what a restart loads
+        assert torch.equal(kv_to_tensors(again)[name], tensor), name
     chunks = store.chunks(record.id)
     assert len(chunks) == first.num_chunks == record.num_chunks
     assert "Odile Varga" in "".join(c.text for c in chunks)
@@ -246,6 +261,20 @@ def test_chunk_size_change_keeps_old_cache_until_new_is_complete(engine, tmp_pat
     service.get(doc_id, 64)
     assert store.find_kv(service.key(doc_id, 32)) == old  # untouched
     assert store.find_kv(service.key(doc_id, 64)).num_chunks < old.num_chunks
+
+
+def test_stored_precision_rounds_only_wider_than_16_bits():
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randn(2, 3, 1, 5, 4, generator=g)
+    doc = DocumentKV(keys, -keys, torch.tensor([5, 5, 3]), torch.zeros(3, 5, dtype=torch.long),
+                     torch.tensor([0, 4, 8]))
+    assert stored_kv_dtype(torch.float32) == torch.bfloat16
+    assert stored_kv_dtype(torch.float16) == torch.float16 and stored_kv_dtype(torch.bfloat16) == torch.bfloat16
+    rounded = at_stored_precision(doc)
+    assert rounded.keys.dtype == torch.float32 and torch.equal(rounded.keys, keys.bfloat16().float())
+    assert torch.equal(rounded.values, -keys.bfloat16().float()) and not torch.equal(rounded.keys, keys)
+    half = DocumentKV(keys.half(), keys.half(), doc.lengths, doc.tokens, doc.content_starts)
+    assert at_stored_precision(half) is half
 
 
 def test_a_cache_cut_another_way_is_prefilled_again_and_replaced(engine, tmp_path):

@@ -16,6 +16,7 @@ class ModelDefaults:
     chunk_size: int = 512
     top_k: int = 4
     auto_k: bool = False
+    score_margin: float | None = None  # see engine.scoring.select_within_margin
     token_budget: int = 0
     scorer: str = "draft_self_information"
     llada_folds: int | None = None
@@ -40,7 +41,7 @@ def answer_params(defaults: ModelDefaults, **overrides) -> AnswerParams:
     """AnswerParams from model defaults; `overrides` (ModelDefaults field names, None = keep) win."""
     d = replace(defaults, **{k: v for k, v in overrides.items() if v is not None})
     return AnswerParams(
-        top_k=d.top_k, auto_k=d.auto_k, token_budget=d.token_budget, kv_mode=d.kv_mode,
+        top_k=d.top_k, auto_k=d.auto_k, score_margin=d.score_margin, token_budget=d.token_budget, kv_mode=d.kv_mode,
         position_mode=d.position_mode, scoring=ScoringParams(scorer=d.scorer, llada_folds=d.llada_folds),
         sampling=SamplingParams(decoder=d.decoder, threshold=d.threshold, gen_length=d.gen_length,
                                 block_length=d.block_length))

@@ -29,7 +29,7 @@ from engine.model import DiffusionLM, LayerFunctions
 from engine.paged_decode import PagedDecodeCache, PagedStaticRunner, build_paged_context, query_rows
 from engine.prompting import DEFAULT_INSTRUCTION, QuestionPrompt, build_question_prompt
 from engine.sampling import SamplingParams
-from engine.scoring import auto_top_k, select_kept_tokens, select_top_chunks
+from engine.scoring import auto_top_k, select_kept_tokens, select_top_chunks, select_within_margin
 from engine.static_decode import (
     FixedContext,
     SelectedChunks,
@@ -47,6 +47,9 @@ class AnswerParams:
     top_k: int = 4  # K chunks kept; ignored when auto_k
     auto_k: bool = False  # pick K at the largest score drop, within [1, max_auto_k]
     max_auto_k: int = 8
+    # Leave out selected chunks scoring more than this below the best (None: keep all K); see
+    # engine.scoring.select_within_margin.
+    score_margin: float | None = None
     token_budget: int = 0  # B tokens kept per chunk, layer and KV head; 0 keeps all
     pool_kernel: int = 7
     kv_mode: str = "static"
@@ -76,6 +79,8 @@ class AnswerParams:
             raise ValueError("token_budget must be 0 (keep all) or >= 2 (BOS + at least one token)")
         if self.reselect_every < 0:
             raise ValueError("reselect_every must be >= 0")
+        if self.score_margin is not None and not self.score_margin > 0:
+            raise ValueError(f"score_margin must be > 0 or None, got {self.score_margin}")
         if self.static_layout not in STATIC_LAYOUTS:
             raise ValueError(f"unknown static_layout {self.static_layout!r}; choose from {', '.join(STATIC_LAYOUTS)}")
 
@@ -148,6 +153,8 @@ def _dynamic_layers(model: DiffusionLM, params: AnswerParams) -> LayerFunctions 
 
 def _select(scores: torch.Tensor, params: AnswerParams) -> torch.Tensor:
     k = auto_top_k(scores, 1, params.max_auto_k) if params.auto_k else params.top_k
+    if params.score_margin is not None:
+        return select_within_margin(scores, k, params.score_margin)
     return select_top_chunks(scores, k)
 
 

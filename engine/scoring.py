@@ -110,6 +110,19 @@ def select_top_chunks(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(order[:k]).values
 
 
+def select_within_margin(scores: torch.Tensor, k: int, margin: float) -> torch.Tensor:
+    """The k best chunks (`select_top_chunks`) less those scoring more than `margin` below the best
+    one (the best is always kept), in document order. With likelihood scores (mean log-probability
+    a target token) the margin is in nats a token: a chunk that explains the question that much
+    worse than the best is left out rather than read (a decoy that shares the question's wording
+    but not its key, say)."""
+    chosen = select_top_chunks(scores, k)
+    if chosen.numel() == 0:
+        return chosen
+    best = scores[chosen].float().max()
+    return chosen[scores[chosen].float() >= best - margin]
+
+
 def auto_top_k(scores: torch.Tensor, k_min: int = 1, k_max: int = 8) -> int:
     """Picks K at the largest drop in the sorted scores.
 

@@ -483,6 +483,37 @@ def test_pooled_selection_finds_planted_chunk_in_second_document():
     assert int(best) == docs[0].num_chunks + 1
 
 
+def test_auto_top_k_cuts_at_the_largest_drop():
+    from engine.scoring import auto_top_k
+
+    assert auto_top_k(torch.tensor([-1.0, -0.1, -1.1, -0.2, -1.2])) == 2  # -0.2 -> -1.0 is the drop
+    assert auto_top_k(torch.tensor([-0.1, -5.0, -5.1]), k_min=2) == 2
+    assert auto_top_k(torch.tensor([-0.1, float("-inf"), -3.0]), k_max=8) == 1  # failed chunks never count
+    assert auto_top_k(torch.tensor([-0.1])) == 1
+
+
+def test_select_within_margin_drops_far_chunks_keeps_the_best_and_document_order():
+    from engine.scoring import select_within_margin
+
+    scores = torch.tensor([-1.5, -0.02, -1.1, -1.6, -0.4, -1.2])
+    assert select_within_margin(scores, 4, 0.5).tolist() == [1, 4]  # -1.1 and -1.2 are > 0.5 below
+    assert select_within_margin(scores, 4, 2.0).tolist() == [1, 2, 4, 5]  # K still caps it
+    assert select_within_margin(scores, 1, 2.0).tolist() == [1]
+    assert select_within_margin(scores, 4, 1e-9).tolist() == [1]  # the best is always kept
+    assert select_within_margin(torch.zeros(0), 4, 0.5).numel() == 0
+
+
+def test_score_margin_in_answer_params(engines):
+    with pytest.raises(ValueError, match="score_margin"):
+        AnswerParams(score_margin=0.0)
+    engine = engines["llada"]
+    doc = engine.prefill(_doc_ids(60, 200, seed=8), chunk_size=16)
+    sampling = SamplingParams(gen_length=8, block_length=8, stop_at_eos=False)
+    res = engine.answer(doc, "What?", AnswerParams(top_k=3, score_margin=1e-6, sampling=sampling))
+    best = max(range(len(res.trace.scores)), key=res.trace.scores.__getitem__)
+    assert [r.chunk for r in res.trace.selected] == [res.trace.candidates[best].chunk]
+
+
 def test_token_budget_is_respected_and_reported(engines):
     engine = engines["dream"]
     doc = engine.prefill(_doc_ids(60, 300, seed=6), chunk_size=16)

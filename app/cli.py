@@ -53,6 +53,9 @@ def _build_parser() -> argparse.ArgumentParser:
     ans.add_argument("--device", default=None)
     ans.add_argument("--chunk-size", type=int, default=None, help="default: the model's (docqa.json), else 512")
     ans.add_argument("--top-k", default=None, help="chunks to keep, or 'auto' (default: the model's, else 4)")
+    ans.add_argument("--score-margin", type=float, default=None,
+                     help="leave out chunks scoring more than this below the best "
+                          "(0: keep all K; default: the model's)")
     ans.add_argument("--token-budget", type=int, default=None, help="tokens kept per chunk and head (0: all)")
     ans.add_argument("--kv-mode", choices=("static", "joint", "dense", "fastdllm"), default=None)
     ans.add_argument("--position-mode", choices=("continuous", "reuse", "absolute"), default=None)
@@ -194,6 +197,8 @@ def _cmd_answer(args: argparse.Namespace) -> int:
         gen_length=args.gen_length, block_length=args.block_length)
     params = replace(params, sampling=replace(params.sampling, steps=args.steps, temperature=args.temperature,
                                               top_p=args.top_p, top_k=args.top_k_sampling, seed=args.seed))
+    if args.score_margin is not None:
+        params = replace(params, score_margin=args.score_margin or None)  # 0: every one of the K chunks
     engine = Engine.from_pretrained(model_dir, device=args.device)
     chunk_size = args.chunk_size or defaults.chunk_size
     docs = [prefill_text(engine, text, chunk_size)[0] for text in texts]

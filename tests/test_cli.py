@@ -46,6 +46,14 @@ def test_answer_over_a_text_file(llada_dir, tmp_path):
                   "What is the code word?", str(doc))
     assert res.returncode == 0, res.stderr
     assert "notes.txt chunk" in res.stderr and "scoring" in res.stderr
+    varied = tmp_path / "varied.txt"  # no two chunks alike: repeated text would tie on score
+    varied.write_text(" ".join(f"Shelf {i} holds {i * 7 % 13} boxes of item {i * 31 % 97}." for i in range(60)))
+    res = run_cli("answer", "--model", str(llada_dir), "--chunk-size", "32", "--top-k", "3", "--score-margin", "1e-9",
+                  "--gen-length", "8", "--block-length", "8", "What is on shelf 12?", str(varied))
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("varied.txt chunk") == 1, "only the best of the 3 chunks is within the margin"
+    res = run_cli("answer", "--model", str(llada_dir), "--score-margin", "-1", "q", str(doc))
+    assert res.returncode == 2 and res.stderr.strip() == "docqa: score_margin must be > 0 or None, got -1.0"
     res = run_cli("answer", "--model", str(llada_dir), "q", str(tmp_path / "missing.txt"))
     assert res.returncode == 2 and res.stderr.strip() == f"docqa: no such file: {tmp_path / 'missing.txt'}"
 

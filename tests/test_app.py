@@ -244,12 +244,26 @@ def test_gradio_api(server, tmp_path):
     assert "api-notes.pdf" in status[0]
     docs = client.predict(api_name="/list_documents")
     doc_id = next(d["id"] for d in docs if d["name"] == "api-notes.pdf")
-    job = client.submit(NEEDLE_Q, [], [doc_id], None, 4, 128, 0, 64, 0.9, "static", "threshold", api_name="/ask")
+    job = client.submit(NEEDLE_Q, [], [doc_id], None, 4, 128, 0, 64, 0.9, "static", "threshold", 0.8,
+                        api_name="/ask")
     updates = list(job)
     final = job.result()
     assert len(updates) >= 2
     assert "6150382" in final[0][-1]["content"][0]["text"] if isinstance(final[0][-1]["content"], list) \
         else "6150382" in final[0][-1]["content"]
+
+
+def test_settings_score_margin(service):
+    import gradio as gr
+
+    from ui.settings import to_params
+
+    values = (4, 128, 0, 64, 0.9, "static", "threshold")
+    assert service.defaults.score_margin == 0.8  # the bundled model's docqa.json
+    assert to_params(service, *values, 0.5)[0].score_margin == 0.5
+    assert to_params(service, *values, 0)[0].score_margin is None  # 0 keeps all K chunks
+    with pytest.raises(gr.Error, match="score_margin"):
+        to_params(service, *values, -1)
 
 
 def test_browser_upload_ask_and_inspect(fresh_server, tmp_path):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import gradio as gr
 
@@ -19,10 +19,11 @@ class SettingsInputs:
     threshold: gr.Slider
     kv_mode: gr.Dropdown
     decoder: gr.Dropdown
+    score_margin: gr.Number
 
     def components(self) -> list:
         return [self.top_k, self.chunk_size, self.token_budget, self.gen_length, self.threshold, self.kv_mode,
-                self.decoder]
+                self.decoder, self.score_margin]
 
 
 def build(service: DocQA) -> SettingsInputs:
@@ -32,6 +33,8 @@ def build(service: DocQA) -> SettingsInputs:
         chunk_size = gr.Number(value=d.chunk_size, precision=0, minimum=16,
                                label="Chunk size C (a change re-encodes the documents)")
         token_budget = gr.Number(value=d.token_budget, precision=0, minimum=0, label="B tokens per chunk (0 = all)")
+        score_margin = gr.Number(value=d.score_margin or 0, minimum=0, step=0.1,
+                                 label="Leave out chunks scoring this far below the best (0 = keep all K)")
     with gr.Row():
         gen_length = gr.Number(value=d.gen_length, precision=0, minimum=32, step=32,
                                label="Answer length (tokens, a multiple of 32)")
@@ -39,10 +42,11 @@ def build(service: DocQA) -> SettingsInputs:
         kv_mode = gr.Dropdown(choices=[m for m in KV_MODES if m in ("static", "joint")], value=d.kv_mode,
                               label="KV mode")
         decoder = gr.Dropdown(choices=list(DECODERS), value=d.decoder, label="Decoder")
-    return SettingsInputs(top_k, chunk_size, token_budget, gen_length, threshold, kv_mode, decoder)
+    return SettingsInputs(top_k, chunk_size, token_budget, gen_length, threshold, kv_mode, decoder, score_margin)
 
 
-def to_params(service: DocQA, top_k, chunk_size, token_budget, gen_length, threshold, kv_mode, decoder):
+def to_params(service: DocQA, top_k, chunk_size, token_budget, gen_length, threshold, kv_mode, decoder,
+              score_margin=None):
     """(AnswerParams, chunk size) from the panel's values; bad values are a clear error."""
     gen = int(gen_length or service.defaults.gen_length)
     if gen % 32:
@@ -52,6 +56,8 @@ def to_params(service: DocQA, top_k, chunk_size, token_budget, gen_length, thres
         params = service.params(top_k=k if k > 0 else None, auto_k=k == 0, token_budget=int(token_budget or 0),
                                 gen_length=gen, block_length=32, threshold=float(threshold), kv_mode=kv_mode,
                                 decoder=decoder)
+        if score_margin is not None:  # 0 (or empty): every one of the K chunks
+            params = replace(params, score_margin=float(score_margin) or None)
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
     return params, int(chunk_size or service.defaults.chunk_size)

@@ -194,11 +194,9 @@ def _cmd_answer(args: argparse.Namespace) -> int:
         defaults, top_k=int(args.top_k) if args.top_k not in (None, "auto") else None,
         auto_k=True if args.top_k == "auto" else None, token_budget=args.token_budget, kv_mode=args.kv_mode,
         position_mode=args.position_mode, scorer=args.scorer, decoder=args.decoder, threshold=args.threshold,
-        gen_length=args.gen_length, block_length=args.block_length)
+        gen_length=args.gen_length, block_length=args.block_length, score_margin=args.score_margin)
     params = replace(params, sampling=replace(params.sampling, steps=args.steps, temperature=args.temperature,
                                               top_p=args.top_p, top_k=args.top_k_sampling, seed=args.seed))
-    if args.score_margin is not None:
-        params = replace(params, score_margin=args.score_margin or None)  # 0: every one of the K chunks
     engine = Engine.from_pretrained(model_dir, device=args.device)
     chunk_size = args.chunk_size or defaults.chunk_size
     docs = [prefill_text(engine, text, chunk_size)[0] for text in texts]

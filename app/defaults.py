@@ -16,7 +16,7 @@ class ModelDefaults:
     chunk_size: int = 512
     top_k: int = 4
     auto_k: bool = False
-    score_margin: float | None = None  # see engine.scoring.select_within_margin
+    score_margin: float | None = None  # see engine.scoring.select_within_margin; 0 or None: keep all K
     token_budget: int = 0
     scorer: str = "draft_self_information"
     llada_folds: int | None = None
@@ -38,10 +38,12 @@ def model_defaults(folder: Path | None) -> ModelDefaults:
 
 
 def answer_params(defaults: ModelDefaults, **overrides) -> AnswerParams:
-    """AnswerParams from model defaults; `overrides` (ModelDefaults field names, None = keep) win."""
+    """AnswerParams from model defaults; `overrides` (ModelDefaults field names, None = keep) win.
+    A score margin of 0 turns the margin off (every one of the K chunks is kept)."""
     d = replace(defaults, **{k: v for k, v in overrides.items() if v is not None})
     return AnswerParams(
-        top_k=d.top_k, auto_k=d.auto_k, score_margin=d.score_margin, token_budget=d.token_budget, kv_mode=d.kv_mode,
-        position_mode=d.position_mode, scoring=ScoringParams(scorer=d.scorer, llada_folds=d.llada_folds),
+        top_k=d.top_k, auto_k=d.auto_k, score_margin=d.score_margin or None, token_budget=d.token_budget,
+        kv_mode=d.kv_mode, position_mode=d.position_mode,
+        scoring=ScoringParams(scorer=d.scorer, llada_folds=d.llada_folds),
         sampling=SamplingParams(decoder=d.decoder, threshold=d.threshold, gen_length=d.gen_length,
                                 block_length=d.block_length))

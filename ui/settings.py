@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import gradio as gr
 
@@ -55,9 +55,7 @@ def to_params(service: DocQA, top_k, chunk_size, token_budget, gen_length, thres
     try:
         params = service.params(top_k=k if k > 0 else None, auto_k=k == 0, token_budget=int(token_budget or 0),
                                 gen_length=gen, block_length=32, threshold=float(threshold), kv_mode=kv_mode,
-                                decoder=decoder)
-        if score_margin is not None:  # 0 (or empty): every one of the K chunks
-            params = replace(params, score_margin=float(score_margin) or None)
+                                decoder=decoder, score_margin=None if score_margin is None else float(score_margin))
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
     return params, int(chunk_size or service.defaults.chunk_size)

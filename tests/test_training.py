@@ -92,6 +92,19 @@ def test_word_answers_are_token_copies_of_the_needle():
     assert seen >= 5
 
 
+def test_multiquery_key_counts_are_drawn_from_the_given_list():
+    cfg = model_config(TOK)
+    layout = make_layout(BUNDLED_MODEL, cfg)
+    weights = {"single": 0, "multikey": 0, "multivalue": 0, "multiquery": 1}
+    sampler = TaskSampler(_corpus(), lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 256, seed=0,
+                          niah_variant_weights=weights, multiquery_keys=(4,))
+    for _ in range(10):
+        answer = TOK.decode([t for t in sampler.niah(4).answer_ids if t != layout.eos])
+        assert len(answer.split(", ")) == 4, answer  # one value per asked key
+    with pytest.raises(ValueError, match="multiquery_keys"):
+        TaskSampler(_corpus(), lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=0, multiquery_keys=(5,))
+
+
 def test_collate_positions_and_mask_follow_inference():
     layout = Layout(prefix=[0, 7, 8], query_head=[9], query_tail=[10], bos=0, eos=1, mask=2, pad=1)
     ex = Example(chunks=[[20, 21], [22]], question_ids=[30, 31], answer_ids=[40, 1])

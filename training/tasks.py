@@ -53,8 +53,14 @@ class TaskSampler:
 
     def __init__(self, corpus: dict, encode, decode, layout: Layout, chunk_size: int, answer_len: int,
                  seed: int, task_weights: dict[str, float] | None = None,
-                 niah_variant_weights: dict[str, float] | None = None) -> None:
+                 niah_variant_weights: dict[str, float] | None = None,
+                 multiquery_keys: tuple[int, ...] | None = None) -> None:
         self.rng = random.Random(seed)
+        # How many keys a multi-query question asks for, drawn uniformly from this list; None draws
+        # 2-4 uniformly (runs 1-8). RULER's niah_multiquery always asks for 4.
+        if multiquery_keys is not None and (not multiquery_keys or any(not 1 <= n <= 4 for n in multiquery_keys)):
+            raise ValueError(f"multiquery_keys must be 1-4 keys each, got {multiquery_keys}")
+        self.multiquery_keys = multiquery_keys
         self.task_weights = dict(task_weights or TASK_WEIGHTS)
         self.niah_variant_weights = dict(niah_variant_weights or NIAH_VARIANT_WEIGHTS)
         for given, known in ((self.task_weights, TASK_WEIGHTS), (self.niah_variant_weights, NIAH_VARIANT_WEIGHTS)):
@@ -156,7 +162,8 @@ class TaskSampler:
         haystack = r.choices(["essay", "repeat", "needle"], [6, 2, 1])[0]
         key_kind = r.choices(["words", "numbers", "uuids"], [5, 3, 2])[0]  # number keys: the weak multi-key skill
         val_kind = r.choices(["numbers", "words", "uuids"], [5, 2, 3])[0]
-        n_keys = {"single": 1, "multikey": r.randint(2, 4), "multivalue": 1, "multiquery": r.randint(2, 4)}[variant]
+        n_query = r.randint(2, 4) if self.multiquery_keys is None else r.choice(self.multiquery_keys)
+        n_keys = {"single": 1, "multikey": r.randint(2, 4), "multivalue": 1, "multiquery": n_query}[variant]
         n_vals = r.randint(2, 4) if variant == "multivalue" else 1
         keys = [self._value(key_kind) for _ in range(n_keys)]
         needles = []  # (chunk, key index, value, tokens)

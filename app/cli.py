@@ -20,7 +20,8 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding")
     g.add_argument("--decoder", choices=DECODERS, default=None, help="default: the model's, else threshold")
     g.add_argument("--gen-length", type=int, default=None, help="answer canvas length in tokens (default 64)")
-    g.add_argument("--block-length", type=int, default=None, help="default 32")
+    g.add_argument("--block-length", type=int, default=None,
+                   help="tokens denoised together (generate: 32; answer: the model's, 64 for docqa-tiny)")
     g.add_argument("--steps", type=int, default=None,
                    help="total steps for scheduled decoders (default: one per token)")
     g.add_argument("--threshold", type=float, default=None, help="confidence threshold tau (default 0.9)")

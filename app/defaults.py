@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -39,8 +40,12 @@ def model_defaults(folder: Path | None) -> ModelDefaults:
 
 def answer_params(defaults: ModelDefaults, **overrides) -> AnswerParams:
     """AnswerParams from model defaults; `overrides` (ModelDefaults field names, None = keep) win.
-    A score margin of 0 turns the margin off (every one of the K chunks is kept)."""
+    A score margin of 0 turns the margin off (every one of the K chunks is kept). An answer length
+    that the model's block length does not divide is decoded in the largest block that divides both
+    (a 96-token answer with 64-token blocks: blocks of 32); a block length given explicitly is kept."""
     d = replace(defaults, **{k: v for k, v in overrides.items() if v is not None})
+    if overrides.get("block_length") is None:
+        d = replace(d, block_length=math.gcd(d.gen_length, d.block_length))
     return AnswerParams(
         top_k=d.top_k, auto_k=d.auto_k, score_margin=d.score_margin or None, token_budget=d.token_budget,
         kv_mode=d.kv_mode, position_mode=d.position_mode,

@@ -262,6 +262,9 @@ def test_settings_score_margin(service):
     assert service.defaults.score_margin == 0.8  # the bundled model's docqa.json
     assert to_params(service, *values, 0.5)[0].score_margin == 0.5
     assert to_params(service, *values, 0)[0].score_margin is None  # 0 keeps all K chunks
+    # The model's block (64) where it divides the answer length, else the largest that does.
+    assert to_params(service, *values)[0].sampling.block_length == 64
+    assert to_params(service, 4, 128, 0, 96, 0.9, "static", "threshold")[0].sampling.block_length == 32
     with pytest.raises(gr.Error, match="score_margin"):
         to_params(service, *values, -1)
 

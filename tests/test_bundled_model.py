@@ -24,6 +24,18 @@ def test_bundled_files_fit_the_size_limits():
     assert json.loads((BUNDLED_MODEL / "tokenizer_config.json").read_text())["chat_template"]
     d = model_defaults(BUNDLED_MODEL)
     assert d.chunk_size == 128 and d.scorer == "self_information"
+    # The whole answer in one block, as it was trained (tenth session: fewer misread lists).
+    assert d.block_length == d.gen_length == 64
+
+
+def test_block_length_divides_the_asked_answer_length():
+    d = model_defaults(BUNDLED_MODEL)
+    assert answer_params(d).sampling.block_length == 64
+    assert answer_params(d, gen_length=96).sampling.block_length == 32  # 64 does not divide 96
+    assert answer_params(d, gen_length=128).sampling.block_length == 64
+    assert answer_params(d, gen_length=128, block_length=32).sampling.block_length == 32  # asked for
+    with pytest.raises(ValueError, match="multiple of block_length"):
+        answer_params(d, gen_length=96, block_length=64)  # asked for, so not changed
 
 
 @pytest.fixture(scope="module")

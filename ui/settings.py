@@ -54,7 +54,7 @@ def to_params(service: DocQA, top_k, chunk_size, token_budget, gen_length, thres
     k = int(top_k or 0)
     try:
         params = service.params(top_k=k if k > 0 else None, auto_k=k == 0, token_budget=int(token_budget or 0),
-                                gen_length=gen, block_length=32, threshold=float(threshold), kv_mode=kv_mode,
+                                gen_length=gen, threshold=float(threshold), kv_mode=kv_mode,
                                 decoder=decoder, score_margin=None if score_margin is None else float(score_margin))
     except ValueError as exc:
         raise gr.Error(str(exc)) from None

@@ -24,7 +24,8 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="tokens denoised together (generate: 32; answer: the model's, 64 for docqa-tiny)")
     g.add_argument("--steps", type=int, default=None,
                    help="total steps for scheduled decoders (default: one per token)")
-    g.add_argument("--threshold", type=float, default=None, help="confidence threshold tau (default 0.9)")
+    g.add_argument("--threshold", type=float, default=None,
+                   help="confidence threshold tau (generate: 0.9; answer: the model's, 0.999 for docqa-tiny)")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--sample-top-p", dest="top_p", type=float, default=None, help="nucleus sampling")
     g.add_argument("--sample-top-k", dest="top_k_sampling", type=int, default=None, help="top-k sampling")

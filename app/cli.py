@@ -58,6 +58,9 @@ def _build_parser() -> argparse.ArgumentParser:
     ans.add_argument("--score-margin", type=float, default=None,
                      help="leave out chunks scoring more than this below the best "
                           "(0: keep all K; default: the model's)")
+    ans.add_argument("--coverage-gain", type=float, default=None,
+                     help="keep only chunks that add this much (nats a token) to what the kept ones explain "
+                          "of the question (0: off; default: the model's)")
     ans.add_argument("--token-budget", type=int, default=None, help="tokens kept per chunk and head (0: all)")
     ans.add_argument("--kv-mode", choices=("static", "joint", "dense", "fastdllm"), default=None)
     ans.add_argument("--position-mode", choices=("continuous", "reuse", "absolute"), default=None)
@@ -196,7 +199,8 @@ def _cmd_answer(args: argparse.Namespace) -> int:
         defaults, top_k=int(args.top_k) if args.top_k not in (None, "auto") else None,
         auto_k=True if args.top_k == "auto" else None, token_budget=args.token_budget, kv_mode=args.kv_mode,
         position_mode=args.position_mode, scorer=args.scorer, decoder=args.decoder, threshold=args.threshold,
-        gen_length=args.gen_length, block_length=args.block_length, score_margin=args.score_margin)
+        gen_length=args.gen_length, block_length=args.block_length, score_margin=args.score_margin,
+        coverage_gain=args.coverage_gain)
     params = replace(params, sampling=replace(params.sampling, steps=args.steps, temperature=args.temperature,
                                               top_p=args.top_p, top_k=args.top_k_sampling, seed=args.seed))
     engine = Engine.from_pretrained(model_dir, device=args.device)

@@ -18,6 +18,7 @@ class ModelDefaults:
     top_k: int = 4
     auto_k: bool = False
     score_margin: float | None = None  # see engine.scoring.select_within_margin; 0 or None: keep all K
+    coverage_gain: float | None = None  # see engine.scoring.select_by_coverage; 0 or None: off
     token_budget: int = 0
     scorer: str = "draft_self_information"
     llada_folds: int | None = None
@@ -40,14 +41,15 @@ def model_defaults(folder: Path | None) -> ModelDefaults:
 
 def answer_params(defaults: ModelDefaults, **overrides) -> AnswerParams:
     """AnswerParams from model defaults; `overrides` (ModelDefaults field names, None = keep) win.
-    A score margin of 0 turns the margin off (every one of the K chunks is kept). An answer length
+    A score margin or coverage gain of 0 turns that rule off. An answer length
     that the model's block length does not divide is decoded in the largest block that divides both
     (a 96-token answer with 64-token blocks: blocks of 32); a block length given explicitly is kept."""
     d = replace(defaults, **{k: v for k, v in overrides.items() if v is not None})
     if overrides.get("block_length") is None:
         d = replace(d, block_length=math.gcd(d.gen_length, d.block_length))
     return AnswerParams(
-        top_k=d.top_k, auto_k=d.auto_k, score_margin=d.score_margin or None, token_budget=d.token_budget,
+        top_k=d.top_k, auto_k=d.auto_k, score_margin=d.score_margin or None, coverage_gain=d.coverage_gain or None,
+        token_budget=d.token_budget,
         kv_mode=d.kv_mode, position_mode=d.position_mode,
         scoring=ScoringParams(scorer=d.scorer, llada_folds=d.llada_folds),
         sampling=SamplingParams(decoder=d.decoder, threshold=d.threshold, gen_length=d.gen_length,

@@ -29,7 +29,14 @@ from engine.model import DiffusionLM, LayerFunctions
 from engine.paged_decode import PagedDecodeCache, PagedStaticRunner, build_paged_context, query_rows
 from engine.prompting import DEFAULT_INSTRUCTION, QuestionPrompt, build_question_prompt
 from engine.sampling import SamplingParams
-from engine.scoring import auto_top_k, select_kept_tokens, select_top_chunks, select_within_margin
+from engine.scoring import (
+    LIKELIHOOD_SCORERS,
+    auto_top_k,
+    select_by_coverage,
+    select_kept_tokens,
+    select_top_chunks,
+    select_within_margin,
+)
 from engine.static_decode import (
     FixedContext,
     SelectedChunks,
@@ -50,6 +57,10 @@ class AnswerParams:
     # Leave out selected chunks scoring more than this below the best (None: keep all K); see
     # engine.scoring.select_within_margin.
     score_margin: float | None = None
+    # Keep only chunks that add to what the kept ones explain of the question, by more than this
+    # (nats a target token; None: off), or that score within score_margin of the best; see
+    # engine.scoring.select_by_coverage. Likelihood scorers only.
+    coverage_gain: float | None = None
     token_budget: int = 0  # B tokens kept per chunk, layer and KV head; 0 keeps all
     pool_kernel: int = 7
     kv_mode: str = "static"
@@ -81,6 +92,12 @@ class AnswerParams:
             raise ValueError("reselect_every must be >= 0")
         if self.score_margin is not None and not self.score_margin > 0:
             raise ValueError(f"score_margin must be > 0 or None, got {self.score_margin}")
+        if self.coverage_gain is not None:
+            if not self.coverage_gain > 0:
+                raise ValueError(f"coverage_gain must be > 0 or None, got {self.coverage_gain}")
+            if self.scoring.scorer not in LIKELIHOOD_SCORERS:
+                raise ValueError(f"coverage_gain needs a likelihood scorer ({', '.join(LIKELIHOOD_SCORERS)}), "
+                                 f"not {self.scoring.scorer!r}")
         if self.static_layout not in STATIC_LAYOUTS:
             raise ValueError(f"unknown static_layout {self.static_layout!r}; choose from {', '.join(STATIC_LAYOUTS)}")
 
@@ -142,7 +159,9 @@ def _score_all(model, attention, documents, rows, params: ScoringParams, layer_f
     scores = torch.cat([s.scores for s in per_doc]) if per_doc else torch.zeros(0)
     layers = model.cfg.num_layers
     anchors = torch.cat([s.anchors for s in per_doc]) if per_doc else torch.zeros(0, layers)
-    return scores, anchors
+    by_token = [s.token_scores for s in per_doc]
+    token_scores = torch.cat(by_token) if per_doc and all(t is not None for t in by_token) else None
+    return scores, anchors, token_scores
 
 
 def _dynamic_layers(model: DiffusionLM, params: AnswerParams) -> LayerFunctions | None:
@@ -151,8 +170,10 @@ def _dynamic_layers(model: DiffusionLM, params: AnswerParams) -> LayerFunctions 
     return layer_functions_for(model.embed_tokens.weight.device, params.compile_layers, dynamic=True)
 
 
-def _select(scores: torch.Tensor, params: AnswerParams) -> torch.Tensor:
+def _select(scores: torch.Tensor, token_scores: torch.Tensor | None, params: AnswerParams) -> torch.Tensor:
     k = auto_top_k(scores, 1, params.max_auto_k) if params.auto_k else params.top_k
+    if params.coverage_gain is not None:  # the margin then keeps near-best chunks that add nothing
+        return select_by_coverage(scores, token_scores, k, params.coverage_gain, params.score_margin)
     if params.score_margin is not None:
         return select_within_margin(scores, k, params.score_margin)
     return select_top_chunks(scores, k)
@@ -238,12 +259,12 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
     rows = scoring_rows(prompt.query_ids, prompt.question_span, draft, sp.window, cfg.logits_shifted)
     candidates = [] if baseline else _pool(documents)
     if baseline:
-        scores, anchors_scoring = torch.zeros(0), torch.zeros(0, cfg.num_layers)
+        scores, anchors_scoring, token_scores = torch.zeros(0), torch.zeros(0, cfg.num_layers), None
     else:
-        scores, anchors_scoring = _score_all(model, attention, documents, rows, sp, _dynamic_layers(model, params),
-                                             paged_cache)
+        scores, anchors_scoring, token_scores = _score_all(model, attention, documents, rows, sp,
+                                                           _dynamic_layers(model, params), paged_cache)
     t = clock.lap("scoring", t)
-    chosen = _select(scores, params) if candidates else torch.zeros(0, dtype=torch.long)
+    chosen = _select(scores, token_scores, params) if candidates else torch.zeros(0, dtype=torch.long)
     refs = [candidates[i] for i in chosen.tolist()]
     generator = torch.Generator(device=device).manual_seed(params.sampling.seed)
     trace = AnswerTrace(candidates=candidates, scores=scores.tolist(), selected=refs,
@@ -353,9 +374,9 @@ def _method_runner(model, attention, documents, prompt, rows, refs, chosen, para
         new_rows = dataclasses.replace(
             rows, ids=torch.cat((torch.tensor(prompt.query_ids), torch.tensor(done))),
             targets=torch.cat((rows.targets[:len(prompt.query_ids)], torch.ones(len(done), dtype=torch.bool))))
-        new_scores, _ = _score_all(model, attention, documents, new_rows, params.scoring,
-                                   _dynamic_layers(model, params), paged_cache)
-        new_chosen = _select(new_scores, params)
+        new_scores, _, new_token_scores = _score_all(model, attention, documents, new_rows, params.scoring,
+                                                     _dynamic_layers(model, params), paged_cache)
+        new_chosen = _select(new_scores, new_token_scores, params)
         pool = _pool(documents)
         new_refs = [pool[i] for i in new_chosen.tolist()]
         trace.reselections.append(new_refs)

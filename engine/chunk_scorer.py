@@ -27,6 +27,7 @@ from engine.kv_cache import DocumentKV
 from engine.model import AttentionCapture, DiffusionLM, LayerFunctions
 from engine.sampling import propose
 from engine.scoring import (
+    LIKELIHOOD_SCORERS,
     SCORERS,
     causal_target_rows,
     chunk_token_relevance,
@@ -76,6 +77,9 @@ class ScoringRows:
 class DocumentScores:
     scores: torch.Tensor  # [N] fp32
     anchors: torch.Tensor  # [N, L] fp32: attention mass on the chunk's BOS, window rows, mean over heads
+    # [N, T] fp32: log p of each scored target token given the chunk (the likelihood scorers; None
+    # for the others); `scores` is their mean. engine.scoring.select_by_coverage reads them.
+    token_scores: torch.Tensor | None = None
 
 
 def _device(model: DiffusionLM) -> torch.device:
@@ -312,13 +316,14 @@ def score_document(model: DiffusionLM, attention: AttentionBackend, doc: Documen
     kept ScoringPasses for these chunk ranges from, e.g. with captured graphs; default new eager
     ones)."""
     cfg = model.cfg
-    likelihood = params.scorer in ("draft_self_information", "self_information")
+    likelihood = params.scorer in LIKELIHOOD_SCORERS
     folds = masking_folds(rows.targets, params.llada_folds) if likelihood and not cfg.logits_shifted else None
     layout = scoring_layout(rows, folds, cfg.logits_shifted, cfg.mask_token_id)
     # On the model's device once per document, not once per pass.
     layout = ScoringLayout(**{f.name: getattr(layout, f.name).to(_device(model)) for f in fields(ScoringLayout)})
     scores = torch.empty(doc.num_chunks)
     anchors = torch.empty(doc.num_chunks, cfg.num_layers)
+    token_scores = torch.empty(doc.num_chunks, int(layout.read_valid.sum())) if likelihood else None
     ranges = chunk_batches(doc.num_chunks, layout.shape[0], params.max_rows)
     if passes is None:
         forwards = [ScoringPass(model, attention, doc, start, end, layout.shape, False, layer_fns)
@@ -335,7 +340,8 @@ def score_document(model: DiffusionLM, attention: AttentionBackend, doc: Documen
         else:
             read = layout.read_valid[None].expand_as(log_probs)
             scores[start:end] = mean_over_targets(log_probs, read).cpu()
-    return DocumentScores(scores=scores, anchors=anchors)
+            token_scores[start:end] = log_probs[:, layout.read_valid].float().cpu()
+    return DocumentScores(scores=scores, anchors=anchors, token_scores=token_scores)
 
 
 def _past(keys: torch.Tensor, values: torch.Tensor, start: int, end: int, device: torch.device):

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 SCORERS = ("draft_self_information", "self_information", "attention", "none")
+LIKELIHOOD_SCORERS = ("draft_self_information", "self_information")  # score = mean log p of the targets
 
 
 def gather_log_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -121,6 +122,38 @@ def select_within_margin(scores: torch.Tensor, k: int, margin: float) -> torch.T
         return chosen
     best = scores[chosen].float().max()
     return chosen[scores[chosen].float() >= best - margin]
+
+
+def select_by_coverage(scores: torch.Tensor, token_scores: torch.Tensor, k: int, min_gain: float,
+                       margin: float | None = None, pool: int | None = None) -> torch.Tensor:
+    """Up to k chunks that together explain the question, in document order.
+
+    scores [N] (the mean of each row of token_scores), token_scores [N, T]: log p of each target
+    token given one chunk. The best chunk is kept; then, in score order among the `pool` best
+    (default 2k), each chunk that raises the question's per-token best log-likelihood by more than
+    `min_gain` nats a token on average, or (with a `margin`) scores within `margin` of the best.
+    A chunk explaining another part of the question (one of several asked keys) is kept however
+    low its mean; one that only repeats the question's wording (a decoy sharing it but not its
+    key) adds nothing; the margin keeps second copies of the same fact (several values for one
+    key), which add nothing either but score as well as the best.
+    """
+    n = scores.numel()
+    k = min(max(k, 0), n)
+    if k == 0:
+        return torch.zeros(0, dtype=torch.long)
+    order = torch.sort(-scores.float(), stable=True).indices[: pool or 2 * k]
+    ts = token_scores.float()
+    top = float(scores[order[0]])
+    kept = [int(order[0])]
+    best = ts[order[0]].clone()  # [T]: per token, the best log-likelihood among the kept chunks
+    for c in order[1:].tolist():
+        if len(kept) == k:
+            break
+        better = torch.maximum(best, ts[c])
+        if (better - best).mean() > min_gain or (margin is not None and float(scores[c]) >= top - margin):
+            kept.append(c)
+            best = better
+    return torch.sort(torch.tensor(kept)).values
 
 
 def auto_top_k(scores: torch.Tensor, k_min: int = 1, k_max: int = 8) -> int:

@@ -52,6 +52,13 @@ def test_answer_over_a_text_file(llada_dir, tmp_path):
                   "--gen-length", "8", "--block-length", "8", "What is on shelf 12?", str(varied))
     assert res.returncode == 0, res.stderr
     assert res.stderr.count("varied.txt chunk") == 1, "only the best of the 3 chunks is within the margin"
+    res = run_cli("answer", "--model", str(llada_dir), "--chunk-size", "32", "--top-k", "3", "--coverage-gain", "1e6",
+                  "--scorer", "self_information", "--gen-length", "8", "--block-length", "8", "What is on shelf 12?",
+                  str(varied))
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("varied.txt chunk") == 1, "no other chunk adds a million nats a token"
+    res = run_cli("answer", "--model", str(llada_dir), "--coverage-gain", "0.1", "--scorer", "attention", "q", str(doc))
+    assert res.returncode == 2 and "coverage_gain needs a likelihood scorer" in res.stderr
     res = run_cli("answer", "--model", str(llada_dir), "--score-margin", "-1", "q", str(doc))
     assert res.returncode == 2 and res.stderr.strip() == "docqa: score_margin must be > 0 or None, got -1.0"
     res = run_cli("answer", "--model", str(llada_dir), "q", str(tmp_path / "missing.txt"))

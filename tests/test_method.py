@@ -453,6 +453,54 @@ def test_leave_one_out_and_folds_agree_on_ranking():
         assert s[2] - others.max() > 0.05
 
 
+def test_token_scores_are_what_the_chunk_score_averages():
+    model = overlap_model("llada")
+    question = [10, 11, 12, 13, 14, 15, 16, 17]
+    doc = _planted_doc(model, planted_chunk=2, question=question, n_chunks=5)
+    rows = scoring_rows(question, (0, len(question)), None, 4, False)
+    got = score_document(model, ATTN, doc, rows, ScoringParams(scorer="self_information", llada_folds=3))
+    assert got.token_scores.shape == (5, len(question))  # each target read once, whatever the folds
+    torch.testing.assert_close(got.token_scores.mean(1), got.scores)
+
+
+def test_select_by_coverage_keeps_complementary_chunks_not_decoys():
+    from engine.scoring import select_by_coverage
+
+    # Question tokens: two of shared wording, then two keys. Chunk 3 explains the wording and the
+    # first key (the best); chunk 0 is a decoy (the wording only) that scores above chunk 5,
+    # which explains the second key; chunk 1 is haystack.
+    token_scores = torch.tensor([[0.0, 0.0, -0.5, -5.0],  # 0: decoy, mean -1.375
+                                 [-4.0, -4.0, -5.0, -5.0],  # 1: haystack
+                                 [-3.0, -3.0, -5.0, -5.0],  # 2: haystack
+                                 [-0.1, -0.1, -0.1, -5.0],  # 3: best, mean -1.325
+                                 [-4.0, -4.0, -5.0, -5.0],  # 4: haystack
+                                 [-0.6, -0.6, -5.0, -0.1]])  # 5: the second key, mean -1.575
+    scores = token_scores.mean(1)
+    assert select_by_coverage(scores, token_scores, 4, 0.1).tolist() == [3, 5]  # document order
+    assert select_by_coverage(scores, token_scores, 4, 0.01).tolist() == [0, 3, 5]  # the decoy adds 0.05
+    assert select_by_coverage(scores, token_scores, 1, 0.1).tolist() == [3]  # K caps it
+    assert select_by_coverage(scores, token_scores, 4, 0.1, pool=2).tolist() == [3]  # 5 is third by score
+    assert select_by_coverage(scores, token_scores, 4, 100.0).tolist() == [3]  # the best is always kept
+    # A margin keeps near-best chunks that add nothing (a second value for the same key) as well.
+    assert select_by_coverage(scores, token_scores, 4, 0.1, margin=0.1).tolist() == [0, 3, 5]
+    assert select_by_coverage(scores, token_scores, 4, 100.0, margin=0.3).tolist() == [0, 3, 5]
+    assert select_by_coverage(torch.zeros(0), torch.zeros(0, 4), 4, 0.1).numel() == 0
+
+
+def test_coverage_gain_in_answer_params(engines):
+    with pytest.raises(ValueError, match="coverage_gain"):
+        AnswerParams(coverage_gain=0.0)
+    with pytest.raises(ValueError, match="likelihood scorer"):
+        AnswerParams(coverage_gain=0.1, scoring=ScoringParams(scorer="attention"))
+    engine = engines["llada"]
+    doc = engine.prefill(_doc_ids(60, 200, seed=8), chunk_size=16)
+    sampling = SamplingParams(gen_length=8, block_length=8, stop_at_eos=False)
+    res = engine.answer(doc, "What?", AnswerParams(top_k=3, coverage_gain=1e6, sampling=sampling,
+                                                   scoring=ScoringParams(scorer="self_information")))
+    best = max(range(len(res.trace.scores)), key=res.trace.scores.__getitem__)
+    assert [r.chunk for r in res.trace.selected] == [res.trace.candidates[best].chunk]
+
+
 def test_pooled_documents_and_k_larger_than_n(engines):
     engine = engines["llada"]
     small = engine.prefill(_doc_ids(20, 300, seed=4), chunk_size=16)

@@ -216,8 +216,8 @@ def _profile_kv_build(model, attention, doc, prompt, rows, scoring, sampling, ar
     (`kv_build.txt`): how much is GPU work and how much host time."""
     params = AnswerParams(top_k=args.top_k, scoring=scoring, sampling=sampling)
     layer_fns = compiled_layer_functions(dynamic=True) if model.embed_tokens.weight.is_cuda else None
-    scores = score_document(model, attention, doc, rows, scoring, layer_fns).scores
-    chosen = answer_mod._select(scores, params)
+    scored = score_document(model, attention, doc, rows, scoring, layer_fns)
+    chosen = answer_mod._select(scored.scores, scored.token_scores, params)
     pool = answer_mod._pool([doc])
     refs = [pool[i] for i in chosen.tolist()]
     trace = answer_mod.AnswerTrace(candidates=pool, scores=[], selected=refs, selected_scores=[], kept_tokens=[],

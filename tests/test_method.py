@@ -526,7 +526,7 @@ def test_pooled_selection_finds_planted_chunk_in_second_document():
     docs = [prefill_document(model, ATTN, unrelated, chunk_size=16),
             _planted_doc(model, planted_chunk=1, question=question, seed=2)]
     rows = scoring_rows([7] + question, (1, 1 + len(question)), None, 4, True)
-    scores, _ = _score_all(model, ATTN, docs, rows, ScoringParams(scorer="self_information"))
+    scores, _, _ = _score_all(model, ATTN, docs, rows, ScoringParams(scorer="self_information"))
     best = select_top_chunks(scores, 1)
     assert int(best) == docs[0].num_chunks + 1
 

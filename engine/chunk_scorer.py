@@ -323,7 +323,8 @@ def score_document(model: DiffusionLM, attention: AttentionBackend, doc: Documen
     layout = ScoringLayout(**{f.name: getattr(layout, f.name).to(_device(model)) for f in fields(ScoringLayout)})
     scores = torch.empty(doc.num_chunks)
     anchors = torch.empty(doc.num_chunks, cfg.num_layers)
-    token_scores = torch.empty(doc.num_chunks, int(layout.read_valid.sum())) if likelihood else None
+    valid_reads = torch.nonzero(layout.read_valid)[:, 0]  # [T]: once a document (a host sync), not a pass
+    token_scores = torch.empty(doc.num_chunks, valid_reads.numel()) if likelihood else None
     ranges = chunk_batches(doc.num_chunks, layout.shape[0], params.max_rows)
     if passes is None:
         forwards = [ScoringPass(model, attention, doc, start, end, layout.shape, False, layer_fns)
@@ -340,7 +341,7 @@ def score_document(model: DiffusionLM, attention: AttentionBackend, doc: Documen
         else:
             read = layout.read_valid[None].expand_as(log_probs)
             scores[start:end] = mean_over_targets(log_probs, read).cpu()
-            token_scores[start:end] = log_probs[:, layout.read_valid].float().cpu()
+            token_scores[start:end] = log_probs.index_select(1, valid_reads).float().cpu()
     return DocumentScores(scores=scores, anchors=anchors, token_scores=token_scores)
 
 

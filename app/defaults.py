@@ -49,8 +49,7 @@ def answer_params(defaults: ModelDefaults, **overrides) -> AnswerParams:
         d = replace(d, block_length=math.gcd(d.gen_length, d.block_length))
     return AnswerParams(
         top_k=d.top_k, auto_k=d.auto_k, score_margin=d.score_margin or None, coverage_gain=d.coverage_gain or None,
-        token_budget=d.token_budget,
-        kv_mode=d.kv_mode, position_mode=d.position_mode,
+        token_budget=d.token_budget, kv_mode=d.kv_mode, position_mode=d.position_mode,
         scoring=ScoringParams(scorer=d.scorer, llada_folds=d.llada_folds),
         sampling=SamplingParams(decoder=d.decoder, threshold=d.threshold, gen_length=d.gen_length,
                                 block_length=d.block_length))

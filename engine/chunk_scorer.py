@@ -339,9 +339,10 @@ def score_document(model: DiffusionLM, attention: AttentionBackend, doc: Documen
         elif params.scorer == "none":
             scores[start:end] = -torch.arange(start, end, dtype=torch.float32)
         else:
-            read = layout.read_valid[None].expand_as(log_probs)
-            scores[start:end] = mean_over_targets(log_probs, read).cpu()
-            token_scores[start:end] = log_probs.index_select(1, valid_reads).float().cpu()
+            # One copy to the host a pass: the chunk score is the mean of its token scores.
+            token_scores[start:end] = log_probs.index_select(1, valid_reads).cpu()
+            scores[start:end] = mean_over_targets(token_scores[start:end],
+                                                  torch.ones_like(token_scores[start:end], dtype=torch.bool))
     return DocumentScores(scores=scores, anchors=anchors, token_scores=token_scores)
 
 

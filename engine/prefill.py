@@ -51,8 +51,10 @@ def prefill_document(model: DiffusionLM, attention: AttentionBackend,
         end = min(n, start + step)
         ids = chunks.tokens[start:end].to(device)
         valid = torch.arange(c)[None, :] < chunks.lengths[start:end, None]  # [b, C]
-        out = model(ids, positions.expand(end - start, c), full_mask(key_valid=valid.to(device)),
-                    attention, return_kv=True, layer_fns=layer_fns)
+        # A batch of whole chunks (all but a document's last, usually) needs no mask, and SDPA
+        # runs its flash kernel only without one.
+        mask = full_mask() if bool(valid.all()) else full_mask(key_valid=valid.to(device))
+        out = model(ids, positions.expand(end - start, c), mask, attention, return_kv=True, layer_fns=layer_fns)
         for layer, (k, v) in enumerate(out.kv):
             keys[layer, start:end].copy_(k, non_blocking=True)
             values[layer, start:end].copy_(v, non_blocking=True)

@@ -36,11 +36,11 @@ from engine.attention import full_mask, select_backend
 from engine.chunk_scorer import draft_pseudo_labels, score_document, scoring_rows
 from engine.compiled_layers import compiled_layer_functions
 from engine.paged_decode import PagedDecodeCache
-from engine.prefill import prefill_document
+from engine.prefill import PREFILL_TOKEN_BUDGET, prefill_document
 from engine.static_decode import build_static_context
 from engine.weights import random_model
 
-SECTIONS = ("scoring", "decode", "kv_build", "first")
+SECTIONS = ("prefill", "scoring", "decode", "kv_build", "first")
 KINDS = [("gemm", r"gemm|gemv|cutlass|sm90|matmul|splitK|nvjet"), ("split_kv", r"split_kv|_merge_kernel"),
          ("inductor", r"^triton_"), ("attention", r"flash|fmha|attention|efficient"),
          ("softmax/reduce", r"softmax|reduce|argmax|max_|topk|sort"), ("copy/index", r"copy|index|gather|scatter|cat")]
@@ -79,6 +79,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu only to smoke-test the script (with --shape tiny)")
     ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     ap.add_argument("--decode-compile-mode", default=None, help="e.g. max-autotune-no-cudagraphs")
+    ap.add_argument("--prefill-compile-mode", default=None,
+                    help="also time a prefill batch with the halves compiled in this mode (an experiment)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(args.device)
@@ -106,6 +108,9 @@ def main() -> None:
     draft_args = (model, attention, prompt.prefix_ids + prompt.query_ids, scoring.draft_slots, scoring.draft_rounds)
     draft = draft_pseudo_labels(*draft_args, layer_fns=compiled)
     rows = scoring_rows(prompt.query_ids, prompt.question_span, draft, scoring.window, cfg.logits_shifted)
+    if "prefill" in args.sections:
+        summary["prefill"] = _profile_prefill(model, attention, tokens, compiled, args, sync, activities, sort_by)
+        print("prefill", json.dumps(summary["prefill"], indent=1), flush=True)
     doc = prefill_document(model, attention, tokens, args.chunk_size, layer_fns=compiled)
     if "scoring" in args.sections:
         summary["scoring"] = _profile_scoring(model, attention, doc, rows, scoring, draft_args, tokens, args, sync,
@@ -124,6 +129,64 @@ def main() -> None:
                                           sort_by)
         print("first", json.dumps(summary["first"], indent=1), flush=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
+def _profile_prefill(model, attention, tokens, compiled, args, sync, activities, sort_by) -> dict:
+    """The one-time chunked prefill: timed as the engine runs it, with other token budgets, one
+    full batch with and without a key mask (whole chunks need none), optionally with the halves
+    compiled in `--prefill-compile-mode`; one kernel table (`prefill.txt`), whose GEMM time gives
+    the matmuls' own rate."""
+    cfg, dev = model.cfg, model.embed_tokens.weight.device
+    flops = _matmul_flops_per_token(cfg) * args.context
+    out: dict = {"matmul_tflop": flops / 1e12}
+    for budget in (PREFILL_TOKEN_BUDGET, 2 * PREFILL_TOKEN_BUDGET):
+        run = partial(prefill_document, model, attention, tokens, args.chunk_size, layer_fns=compiled,
+                      token_budget=budget)
+        run()  # shapes of this budget compiled and allocated
+        s = _seconds(run, sync, 3)
+        out[f"budget_{budget}"] = {"s": s, "tflops": flops / s / 1e12}
+        print("prefill budget", budget, out[f"budget_{budget}"], flush=True)
+    b = min(PREFILL_TOKEN_BUDGET, args.context) // args.chunk_size  # one full batch
+    ids = tokens[:b * args.chunk_size].view(b, args.chunk_size).to(dev)
+    positions = torch.arange(args.chunk_size, device=dev).expand(b, -1)
+    all_valid = torch.ones(b, args.chunk_size, dtype=torch.bool, device=dev)
+    batch_flops = _matmul_flops_per_token(cfg) * ids.numel()
+    variants = [("no_mask", full_mask(), compiled), ("key_valid_mask", full_mask(key_valid=all_valid), compiled)]
+    if args.prefill_compile_mode:
+        variants.append((args.prefill_compile_mode, full_mask(), _layer_functions_in_mode(args.prefill_compile_mode)))
+    for name, mask, fns in variants:
+        forward = partial(model, ids, positions, mask, attention, return_kv=True, layer_fns=fns)
+        t = time.perf_counter()
+        forward()
+        sync()
+        first = time.perf_counter() - t
+        s = _seconds(forward, sync, 5)
+        out[f"batch_{name}"] = {"ms": 1000 * s, "tflops": batch_flops / s / 1e12, "first_call_s": first}
+        print("prefill batch", name, out[f"batch_{name}"], flush=True)
+    prof = _profile_once(partial(prefill_document, model, attention, tokens, args.chunk_size, layer_fns=compiled),
+                         args.out / "prefill", sync, activities, sort_by)
+    gemm_ms = prof["by_kind"].get("gemm", {}).get("ms_per_step", 0.0)
+    prof["gemm_tflops"] = flops / (gemm_ms / 1000) / 1e12 if gemm_ms else None
+    out["profile"] = prof
+    return out
+
+
+def _layer_functions_in_mode(mode: str):
+    """Experiment: the halves compiled with torch.compile `mode` (fixed shapes; new functions, so
+    dynamo's caches of the app's halves are not touched)."""
+    from engine import compiled_layers
+    from engine.model import Block, LayerFunctions
+
+    def inputs(block, h, cos, sin):
+        return block.attention_inputs(h, cos, sin)
+
+    def finish(block, h, attn):
+        return block.finish(h, attn)
+
+    return LayerFunctions(
+        compiled_layers._EagerOnFailure(torch.compile(inputs, dynamic=False, fullgraph=True, mode=mode),
+                                        Block.attention_inputs),
+        compiled_layers._EagerOnFailure(torch.compile(finish, dynamic=False, fullgraph=True, mode=mode), Block.finish))
 
 
 def _profile_scoring(model, attention, doc, rows, scoring, draft_args, tokens, args, sync, activities,

@@ -67,7 +67,7 @@ def chunk_tokens(token_ids: torch.Tensor | list[int], chunk_size: int, bos_id: i
         raise ValueError(f"chunk size must be at least 2 (BOS + one token), got {chunk_size}")
     if not 0.0 < min_fill <= 1.0:
         raise ValueError(f"min_fill must be in (0, 1], got {min_fill}")
-    ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+    ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().cpu()  # the layout lives on the host
     span = chunk_size - 1
     starts = torch.tensor(chunk_starts(ids.numel(), span, breaks, max(1, int(span * min_fill))), dtype=torch.long)
     n = starts.numel()

@@ -210,18 +210,13 @@ def scoring_layout(rows: ScoringRows, folds: torch.Tensor | None, shifted: bool,
                    round_to: int = SCORING_ROUND) -> ScoringLayout:
     """Pure: the batch item every chunk is scored with. `folds` (bool [F, n], masked likelihood):
     fold f hides its targets and reads them in place; None (shifted logits): one causal fold, each
-    target read from the row before it. Causal rows see only the rows before them, so the rows
-    after the last one read or watched (the window) change nothing and are left out: the draft's
-    uncommitted last slots, and the last target itself."""
+    target read from the row before it."""
     n = rows.ids.numel()
-    if folds is None and shifted:
-        last_read = int(causal_target_rows(rows.targets).max()) if bool(rows.targets.any()) else -1
-        n = max(last_read, int(rows.window.max())) + 1
     pad = -(-n // round_to) * round_to
     plan = torch.zeros(1, n, dtype=torch.bool) if folds is None else folds
     n_folds = plan.shape[0]
     ids = torch.full((n_folds, pad), mask_token_id, dtype=torch.long)
-    ids[:, :n] = rows.ids[:n]
+    ids[:, :n] = rows.ids
     ids[:, :n][plan] = mask_token_id
     local = torch.arange(pad)
     fold_of = torch.arange(n_folds * pad) // pad

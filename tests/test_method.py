@@ -423,27 +423,6 @@ def test_batched_scoring_equals_one_forward_per_chunk_and_fold(engines, family, 
     torch.testing.assert_close(got.anchors, want_anchors, atol=1e-5, rtol=1e-5)
 
 
-def test_causal_scoring_leaves_out_rows_after_the_last_read(engines):
-    """Dream: a draft whose last slots are uncommitted adds rows no target is read from. They are
-    left out of the layout (and so is the last target, which is read from the row before it), and
-    the scores and anchors stay those of one causal forward over every row."""
-    from engine.chunk_scorer import Draft
-
-    engine = engines["dream"]
-    model, cfg = engine.model, engine.config
-    doc = prefill_document(model, ATTN, _doc_ids(4 * 16 - 5, 60, seed=7), chunk_size=16)
-    query = _doc_ids(9, 60, seed=8).tolist()
-    draft = Draft(tokens=torch.tensor([21, cfg.mask_token_id, 22, cfg.mask_token_id]),
-                  committed=torch.tensor([True, False, True, False]))
-    rows = scoring_rows(query, (1, 7), draft, 3, shifted=True)
-    layout = scoring_layout(rows, None, True, cfg.mask_token_id, round_to=1)
-    assert rows.ids.numel() == 13 and layout.shape[0] == 11  # the last target is row 11, read from row 10
-    got = score_document(model, ATTN, doc, rows, ScoringParams(scorer="self_information"))
-    want_scores, want_anchors = _score_oracle(model, doc, rows, None)
-    torch.testing.assert_close(got.scores, want_scores, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(got.anchors, want_anchors, atol=1e-5, rtol=1e-5)
-
-
 def test_scoring_layout_pads_and_separates_folds():
     rows = scoring_rows([5, 6, 7, 8, 9], (0, 5), None, 2, shifted=False)
     folds = masking_folds(rows.targets, 2)  # targets 0, 2, 4 hidden in fold 0; 1, 3 in fold 1

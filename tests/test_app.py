@@ -259,14 +259,19 @@ def test_settings_score_margin(service):
     from ui.settings import to_params
 
     values = (4, 128, 0, 64, 0.9, "static", "threshold")
-    assert service.defaults.score_margin == 0.8  # the bundled model's docqa.json
-    assert to_params(service, *values, 0.5)[0].score_margin == 0.5
-    assert to_params(service, *values, 0)[0].score_margin is None  # 0 keeps all K chunks
+    # The bundled model's docqa.json: selection by coverage, with a margin of 0.5.
+    assert (service.defaults.score_margin, service.defaults.coverage_gain) == (0.5, 0.1)
+    assert to_params(service, *values, 0.3)[0].score_margin == 0.3
+    assert to_params(service, *values)[0].coverage_gain == 0.1
+    both_off = to_params(service, *values, 0, 0)[0]  # both rules off: all K chunks are kept
+    assert both_off.score_margin is None and both_off.coverage_gain is None
     # The model's block (64) where it divides the answer length, else the largest that does.
     assert to_params(service, *values)[0].sampling.block_length == 64
     assert to_params(service, 4, 128, 0, 96, 0.9, "static", "threshold")[0].sampling.block_length == 32
     with pytest.raises(gr.Error, match="score_margin"):
         to_params(service, *values, -1)
+    with pytest.raises(gr.Error, match="coverage_gain"):
+        to_params(service, *values, 0.5, -0.1)
 
 
 def test_browser_upload_ask_and_inspect(fresh_server, tmp_path):
@@ -301,6 +306,10 @@ def test_browser_upload_ask_and_inspect(fresh_server, tmp_path):
         page.get_by_role("tab", name="Inspect").click()
         expect(page.locator("#relevance")).to_be_visible(timeout=30_000)
         page.screenshot(path=str(shots / "inspect.png"), full_page=True)
+        # The panel holds the model's own defaults: a slider step coarser than the bundled
+        # threshold (0.999) snapped it to 1 in the browser.
+        page.get_by_role("tab", name="Settings").click()
+        expect(page.get_by_label("range slider for Confidence threshold")).to_have_value("0.999")
         browser.close()
 
 

@@ -20,10 +20,11 @@ class SettingsInputs:
     kv_mode: gr.Dropdown
     decoder: gr.Dropdown
     score_margin: gr.Number
+    coverage_gain: gr.Number
 
     def components(self) -> list:
         return [self.top_k, self.chunk_size, self.token_budget, self.gen_length, self.threshold, self.kv_mode,
-                self.decoder, self.score_margin]
+                self.decoder, self.score_margin, self.coverage_gain]
 
 
 def build(service: DocQA) -> SettingsInputs:
@@ -34,19 +35,24 @@ def build(service: DocQA) -> SettingsInputs:
                                label="Chunk size C (a change re-encodes the documents)")
         token_budget = gr.Number(value=d.token_budget, precision=0, minimum=0, label="B tokens per chunk (0 = all)")
         score_margin = gr.Number(value=d.score_margin or 0, minimum=0, step=0.1,
-                                 label="Leave out chunks scoring this far below the best (0 = keep all K)")
+                                 label="Keep chunks scoring within this of the best (0 = no margin rule)")
+        coverage_gain = gr.Number(value=d.coverage_gain or 0, minimum=0, step=0.05,
+                                  label="Also keep chunks that explain more of the question, by this much a "
+                                        "token (0 = off; both 0 keep all K)")
     with gr.Row():
         gen_length = gr.Number(value=d.gen_length, precision=0, minimum=32, step=32,
                                label="Answer length (tokens, a multiple of 32)")
-        threshold = gr.Slider(0.05, 1.0, value=d.threshold, step=0.05, label="Confidence threshold")
+        # A fine step: a coarse one would snap the model's default (0.999 for the bundled model) to 1.
+        threshold = gr.Slider(0.05, 1.0, value=d.threshold, step=0.001, label="Confidence threshold")
         kv_mode = gr.Dropdown(choices=[m for m in KV_MODES if m in ("static", "joint")], value=d.kv_mode,
                               label="KV mode")
         decoder = gr.Dropdown(choices=list(DECODERS), value=d.decoder, label="Decoder")
-    return SettingsInputs(top_k, chunk_size, token_budget, gen_length, threshold, kv_mode, decoder, score_margin)
+    return SettingsInputs(top_k, chunk_size, token_budget, gen_length, threshold, kv_mode, decoder, score_margin,
+                          coverage_gain)
 
 
 def to_params(service: DocQA, top_k, chunk_size, token_budget, gen_length, threshold, kv_mode, decoder,
-              score_margin=None):
+              score_margin=None, coverage_gain=None):
     """(AnswerParams, chunk size) from the panel's values; bad values are a clear error."""
     gen = int(gen_length or service.defaults.gen_length)
     if gen % 32:
@@ -55,7 +61,8 @@ def to_params(service: DocQA, top_k, chunk_size, token_budget, gen_length, thres
     try:
         params = service.params(top_k=k if k > 0 else None, auto_k=k == 0, token_budget=int(token_budget or 0),
                                 gen_length=gen, threshold=float(threshold), kv_mode=kv_mode,
-                                decoder=decoder, score_margin=None if score_margin is None else float(score_margin))
+                                decoder=decoder, score_margin=None if score_margin is None else float(score_margin),
+                                coverage_gain=None if coverage_gain is None else float(coverage_gain))
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
     return params, int(chunk_size or service.defaults.chunk_size)

@@ -353,14 +353,7 @@ def _profile_first(model, attention, prompt, scoring, sampling, args, sync, acti
 def _compile_decode_with(mode: str) -> None:
     """Experiment: the decode step's fixed-shape halves compiled with torch.compile `mode` (the
     question's other passes keep the default dynamic halves)."""
-    from engine import compiled_layers
-    from engine.model import Block, LayerFunctions
-
-    fixed = LayerFunctions(
-        compiled_layers._EagerOnFailure(torch.compile(compiled_layers._inputs_fixed, dynamic=False, fullgraph=True,
-                                                      mode=mode), Block.attention_inputs),
-        compiled_layers._EagerOnFailure(torch.compile(compiled_layers._finish_fixed, dynamic=False, fullgraph=True,
-                                                      mode=mode), Block.finish))
+    fixed = _layer_functions_in_mode(mode)
     default = answer_mod.layer_functions_for
     answer_mod.layer_functions_for = lambda device, enabled, dynamic: (
         fixed if enabled and not dynamic and torch.device(device).type == "cuda" else default(device, enabled, dynamic))

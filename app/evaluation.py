@@ -35,6 +35,7 @@ class EvalRow:
     seconds: float
     # Share of the answer-holding chunks among the selected (multi-value tasks need all of them).
     needle_recall: float | None = None
+    chunks_selected: int | None = None  # how many chunks the answer was decoded over (None: not recorded)
 
 
 def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chunk_size: int,
@@ -64,7 +65,8 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
             selected = bool(needle_chunks & chosen) if scored else None
             recall = len(needle_chunks & chosen) / len(needle_chunks) if scored else None
             row = EvalRow(s.task, s.length, s.index, mode, ruler.score(s.task, result.text, s.outputs),
-                          result.text, [str(o) for o in s.outputs], s.depth, selected, seconds, recall)
+                          result.text, [str(o) for o in s.outputs], s.depth, selected, seconds, recall,
+                          len(result.trace.selected))
             rows.append(row)
             if rows_path is not None:
                 with open(rows_path, "a") as f:
@@ -87,7 +89,8 @@ def summarize(rows: list[EvalRow]) -> str:
             cells = []
             for n in lengths:
                 vals = [r.score for r in sub if r.task == task and r.length == n]
-                cells.append(f"{100 * sum(vals) / len(vals):.0f} (n={len(vals)})" if vals else "-")
+                # One decimal: a cell at 98.75 must not read as 99.
+                cells.append(f"{100 * sum(vals) / len(vals):.1f} (n={len(vals)})" if vals else "-")
             out.append(f"| {task} | " + " | ".join(cells) + " |")
         sel = [r.needle_selected for r in sub if r.needle_selected is not None]
         if sel:
@@ -97,6 +100,10 @@ def summarize(rows: list[EvalRow]) -> str:
         if every:
             out.append(f"\nanswer-holding chunks selected, on average: {100 * sum(every) / len(every):.1f}% "
                        f"(all of them in {sum(v == 1.0 for v in every)} of {len(every)} samples)")
+        kept = [r.chunks_selected for r in sub if r.chunks_selected is not None]
+        if kept:
+            out.append(f"\nchunks decoded over, on average: {sum(kept) / len(kept):.2f} "
+                       f"(from {min(kept)} to {max(kept)}, {len(kept)} samples)")
     return "\n".join(out) + "\n"
 
 

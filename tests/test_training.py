@@ -156,10 +156,12 @@ def test_ruler_samples_follow_the_seed(tmp_path):
 
 
 def test_summary_and_heatmap(tmp_path):
-    rows = [EvalRow("niah_single_2", n, i, "static", float(i % 2), "x", ["y"], i / 4, True, 1.0)
+    rows = [EvalRow("niah_single_2", n, i, "static", float(i % 2), "x", ["y"], i / 4, True, 1.0, 1.0, 2 + i % 3)
             for n in (4096, 8192) for i in range(4)]
+    rows[0].score = 0.75  # a list with one value of four wrong: the cell is 68.75%, shown to a decimal
     md = summarize(rows)
-    assert "| niah_single_2 | 50 (n=4) | 50 (n=4) |" in md and "recall" in md
+    assert "| niah_single_2 | 68.8 (n=4) | 50.0 (n=4) |" in md and "recall" in md
+    assert "chunks decoded over, on average: 2.75 (from 2 to 4, 8 samples)" in md
     heatmap(rows, tmp_path / "h.png")
     assert (tmp_path / "h.png").stat().st_size > 1000
 

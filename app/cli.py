@@ -56,11 +56,10 @@ def _build_parser() -> argparse.ArgumentParser:
     ans.add_argument("--chunk-size", type=int, default=None, help="default: the model's (docqa.json), else 512")
     ans.add_argument("--top-k", default=None, help="chunks to keep, or 'auto' (default: the model's, else 4)")
     ans.add_argument("--score-margin", type=float, default=None,
-                     help="leave out chunks scoring more than this below the best "
-                          "(0: keep all K; default: the model's)")
+                     help="keep chunks scoring within this of the best (0: no margin rule; default: the model's)")
     ans.add_argument("--coverage-gain", type=float, default=None,
-                     help="keep only chunks that add this much (nats a token) to what the kept ones explain "
-                          "of the question (0: off; default: the model's)")
+                     help="also keep chunks that add this much (nats a token) to what the kept ones explain "
+                          "of the question (0: off; both rules off keep all K; default: the model's)")
     ans.add_argument("--token-budget", type=int, default=None, help="tokens kept per chunk and head (0: all)")
     ans.add_argument("--kv-mode", choices=("static", "joint", "dense", "fastdllm"), default=None)
     ans.add_argument("--position-mode", choices=("continuous", "reuse", "absolute"), default=None)

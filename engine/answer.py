@@ -54,8 +54,8 @@ class AnswerParams:
     top_k: int = 4  # K chunks kept; ignored when auto_k
     auto_k: bool = False  # pick K at the largest score drop, within [1, max_auto_k]
     max_auto_k: int = 8
-    # Leave out selected chunks scoring more than this below the best (None: keep all K); see
-    # engine.scoring.select_within_margin.
+    # Leave out selected chunks scoring more than this below the best (None: no margin rule; with
+    # coverage_gain None too, all K are kept); see engine.scoring.select_within_margin.
     score_margin: float | None = None
     # Keep only chunks that add to what the kept ones explain of the question, by more than this
     # (nats a target token; None: off), or that score within score_margin of the best; see

@@ -162,8 +162,10 @@ class TaskSampler:
         haystack = r.choices(["essay", "repeat", "needle"], [6, 2, 1])[0]
         key_kind = r.choices(["words", "numbers", "uuids"], [5, 3, 2])[0]  # number keys: the weak multi-key skill
         val_kind = r.choices(["numbers", "words", "uuids"], [5, 2, 3])[0]
+        # Drawn in the order of runs 1-8 (multi-key, then multi-query), so their seeds give the same stream.
+        n_multikey = r.randint(2, 4)
         n_query = r.randint(2, 4) if self.multiquery_keys is None else r.choice(self.multiquery_keys)
-        n_keys = {"single": 1, "multikey": r.randint(2, 4), "multivalue": 1, "multiquery": n_query}[variant]
+        n_keys = {"single": 1, "multikey": n_multikey, "multivalue": 1, "multiquery": n_query}[variant]
         n_vals = r.randint(2, 4) if variant == "multivalue" else 1
         keys = [self._value(key_kind) for _ in range(n_keys)]
         needles = []  # (chunk, key index, value, tokens)

@@ -120,6 +120,12 @@ def _build_parser() -> argparse.ArgumentParser:
     service_args(rm)
     rm.add_argument("documents", nargs="+")
 
+    doc = sub.add_parser("doctor", help="check a data folder: database, files, backup (changes nothing)")
+    doc.add_argument("--data-dir", type=Path, default=Path("docqa-data"), help="where documents and caches live")
+
+    rep = sub.add_parser("repair", help="rebuild a missing or damaged database from its backup and the files")
+    rep.add_argument("--data-dir", type=Path, default=Path("docqa-data"), help="where documents and caches live")
+
     bn = sub.add_parser("bench", help="KV modes side by side on random-weight models at real shapes")
     bn.add_argument("--shape", choices=("dream-7b", "llada-8b", "tiny"), default="dream-7b")
     bn.add_argument("--contexts", type=int, nargs="+", default=[8192, 16384, 32768, 65536, 131072])
@@ -263,18 +269,24 @@ def _service(args: argparse.Namespace, **kw):
                                **kw))
 
 
-def _resolve(service, names: list[str]) -> list[str]:
-    docs = service.documents()
+MIN_ID_PREFIX = 6  # shorter id prefixes are too easily typed by mistake (and "" matched every id)
+
+
+def _resolve(service, names: list[str], include_failed: bool = False) -> list[str]:
+    docs = service.documents(include_failed=include_failed)
     collections = service.collections()
     out = []
     for name in names:
+        name = name.strip()
+        if not name:
+            raise ValueError("a document name or id is empty (see docqa list)")
         if name.startswith("@"):
             if name[1:] not in collections:
                 raise ValueError(f"no collection named {name[1:]!r} (see docqa collection)")
             out += collections[name[1:]]
             continue
-        hits = [d.record.id for d in docs if d.record.id == name or d.record.id.startswith(name)
-                or d.record.name == name]
+        hits = [d.record.id for d in docs if d.record.id == name or d.record.name == name
+                or (len(name) >= MIN_ID_PREFIX and d.record.id.startswith(name))]
         if not hits:
             raise ValueError(f"no stored document named {name!r} (see docqa list)")
         if len(hits) > 1:
@@ -285,6 +297,7 @@ def _resolve(service, names: list[str]) -> list[str]:
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
     from app.ingest import IngestError
+    from storage import StorageError
 
     service = _service(args)
     failed = 0
@@ -298,10 +311,12 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
             print(file=sys.stderr)
             print(f"{'added' if added else 'already stored'}: {info.record.name}  id {info.record.id[:12]}  "
                   f"{info.record.page_count} pages, {info.tokens} tokens, {info.chunks} chunks")
-        except IngestError as exc:
+        except (IngestError, StorageError) as exc:  # every file is tried and reported
             print(file=sys.stderr)
             print(f"docqa: {path.name}: {exc}", file=sys.stderr)
             failed += 1
+    if failed and len(args.files) > 1:
+        print(f"docqa: {failed} of {len(args.files)} files not added", file=sys.stderr)
     return EXIT_ERROR if failed else EXIT_OK
 
 
@@ -329,20 +344,55 @@ def _cmd_ask(args: argparse.Namespace) -> int:
 
 def _cmd_list(args: argparse.Namespace) -> int:
     service = _service(args)
-    docs = service.documents()
+    docs = service.documents(include_failed=True)
     if not docs:
         print("no documents yet (docqa ingest FILE...)")
     for d in docs:
+        state = ("cached" if d.cached else "not cached") if d.record.status == "ready" else "FAILED"
         print(f"{d.record.id[:12]}  {d.record.name:<40} {d.record.page_count:>5} pages {d.tokens:>8} tokens "
-              f"{d.chunks:>6} chunks  {'cached' if d.cached else 'not cached'} {d.kv_bytes / 2**20:8.1f} MiB")
+              f"{d.chunks:>6} chunks  {state} {d.kv_bytes / 2**20:8.1f} MiB")
+        if d.record.status == "failed":
+            print(f"              {d.record.error} (add it again to retry)")
+    if service.read_only:
+        print(f"(the data folder {service.store.root} is read-only: documents can be asked, not changed)")
     return EXIT_OK
 
 
 def _cmd_rm(args: argparse.Namespace) -> int:
     service = _service(args)
-    for doc_id in _resolve(service, args.documents):
+    for doc_id in _resolve(service, args.documents, include_failed=True):
         service.delete(doc_id)
         print(f"deleted {doc_id[:12]}")
+    return EXIT_OK
+
+
+def _print_report(report) -> None:
+    print(f"database: {report.database}")
+    for line in report.problems:
+        print(f"  problem: {line}")
+    for line in getattr(report, "actions", []):
+        print(f"  done: {line}")
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from storage import diagnose
+
+    report = diagnose(args.data_dir)
+    _print_report(report)
+    if report.healthy:
+        print("no problems found")
+        return EXIT_OK
+    print(f"run `docqa repair --data-dir {args.data_dir}` to fix what can be fixed")
+    return EXIT_ERROR
+
+
+def _cmd_repair(args: argparse.Namespace) -> int:
+    from storage import repair
+
+    report = repair(args.data_dir)
+    _print_report(report)
+    if not report.problems:
+        print("nothing to repair")
     return EXIT_OK
 
 
@@ -401,7 +451,7 @@ def _cmd_make_random_model(args: argparse.Namespace) -> int:
 
 COMMANDS = {"generate": _cmd_generate, "answer": _cmd_answer, "eval": _cmd_eval, "eval-data": _cmd_eval_data,
             "ingest": _cmd_ingest, "ask": _cmd_ask, "collection": _cmd_collection, "list": _cmd_list,
-            "rm": _cmd_rm, "serve": _cmd_serve, "bench": _cmd_bench,
+            "rm": _cmd_rm, "doctor": _cmd_doctor, "repair": _cmd_repair, "serve": _cmd_serve, "bench": _cmd_bench,
              "make-random-model": _cmd_make_random_model}
 
 
@@ -409,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    import sqlite3
+
+    from app.service import QuestionStopped
     from engine.config import ConfigError
     from engine.tokenizer import TokenizerError
     from engine.weights import CheckpointError
@@ -421,6 +474,17 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except StorageError as exc:
         print(f"docqa: storage: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except QuestionStopped as exc:
+        print(f"docqa: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except sqlite3.DatabaseError as exc:  # damaged while in use (checked at open)
+        data_dir = getattr(args, "data_dir", "DATA")
+        print(f"docqa: the library database is damaged ({exc}); run `docqa repair --data-dir {data_dir}`",
+              file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:
+        print(f"docqa: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return EXIT_ERROR
     except ValueError as exc:
         print(f"docqa: {exc}", file=sys.stderr)

@@ -42,6 +42,7 @@ class ExtractedDocument:
     text: str
     pages: list[PageSpan]
     mime: str
+    encrypted: bool = False  # a PDF opened with a password: its text is never memoised
 
 
 def normalize(text: str) -> str:
@@ -95,17 +96,21 @@ def extract_text_file(data: bytes, kind: str) -> ExtractedDocument:
 
 
 def _pdf_page_texts(data: bytes, password: str | None, emit: Callable[[list], None]) -> None:
-    """Runs in the child process: emits ["progress", i, n] per page, then ["ok", texts, labels] or
-    ["error", code, message]."""
+    """Runs in the child process: emits ["progress", i, n] per page, then ["ok", texts, labels,
+    encrypted] or ["error", code, message]."""
     try:
         import pypdf
-        from pypdf.errors import FileNotDecryptedError, PdfReadError
+        from pypdf.errors import DependencyError, FileNotDecryptedError, PdfReadError
 
         try:
             reader = pypdf.PdfReader(io.BytesIO(data))
-            if reader.is_encrypted and not reader.decrypt(password or ""):
+            encrypted = reader.is_encrypted
+            # An owner-password-only PDF opens with the empty user password; so does a password
+            # given for either of the two.
+            if encrypted and not reader.decrypt(password or ""):
                 emit(["error", "wrong_password" if password else "needs_password",
-                      "the password is wrong" if password else "the PDF is encrypted; give its password to open it"])
+                      "the PDF is encrypted and the password is wrong" if password else
+                      "the PDF is encrypted; give its password to open it"])
                 return
             n = len(reader.pages)
             labels = list(reader.page_labels) if n else []
@@ -113,13 +118,18 @@ def _pdf_page_texts(data: bytes, password: str | None, emit: Callable[[list], No
             for i, page in enumerate(reader.pages):
                 texts.append(normalize(page.extract_text() or ""))
                 emit(["progress", i + 1, n])
+        except DependencyError as exc:
+            emit(["error", "unsupported_encryption",
+                  f"the PDF is encrypted in a way this installation cannot open ({exc}); "
+                  "reinstall with scripts/install.sh, which installs the cryptography package"])
+            return
         except FileNotDecryptedError:
             emit(["error", "needs_password", "the PDF is encrypted; give its password to open it"])
             return
         except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             emit(["error", "corrupt", f"the PDF is damaged or truncated and cannot be read ({exc})"])
             return
-        emit(["ok", texts, labels])
+        emit(["ok", texts, labels, encrypted])
     except Exception as exc:  # anything else in the parser: still a clear answer, never a crash
         emit(["error", "corrupt", f"the PDF cannot be read ({type(exc).__name__}: {exc})"])
 
@@ -158,13 +168,13 @@ def extract_pdf(data: bytes, password: str | None = None, timeout_s: float = 300
         raise IngestError("corrupt", "the PDF reader stopped unexpectedly on this file")
     if result[0] == "error":
         raise IngestError(result[1], result[2])
-    texts, labels = result[1], result[2]
+    texts, labels, encrypted = result[1], result[2], result[3]
     if not texts:
         raise IngestError("empty", "the PDF has no pages")
     if not any(t.strip() for t in texts):
         raise IngestError("no_text", "the PDF has no text layer (a scan?); run OCR on it first")
     text, pages = _join_pages(texts, labels)
-    return ExtractedDocument(text, pages, "application/pdf")
+    return ExtractedDocument(text, pages, "application/pdf", encrypted)
 
 
 def extract(data: bytes, name: str, max_bytes: int, password: str | None = None, timeout_s: float = 300.0,

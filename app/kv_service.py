@@ -8,6 +8,7 @@ question and restart. A damaged file is never answered from: it is detected, dro
 from __future__ import annotations
 
 import bisect
+import hashlib
 import logging
 from dataclasses import replace
 
@@ -17,7 +18,8 @@ from app.sentences import sentence_starts
 from engine import DocumentKV, Engine
 from engine.chunking import token_breaks
 from engine.prefill import ProgressFn
-from storage import ChunkRecord, DocumentStore, KVFileError, KVKey, PageSpan, TieredKVPool
+from storage import ChunkRecord, DocumentStore, KVFileError, KVKey, PageSpan, StorageError, TieredKVPool
+from storage.kv_files import KV_FORMAT
 
 logger = logging.getLogger(__name__)
 
@@ -89,15 +91,24 @@ def prefill_text(engine: Engine, text: str, chunk_size: int, progress: ProgressF
 class DocumentKVService:
     def __init__(self, engine: Engine, store: DocumentStore, pool: TieredKVPool) -> None:
         self.engine, self.store, self.pool = engine, store, pool
+        # Every byte of the checkpoint (engine.weights.model_fingerprint) and the files' format.
+        self.fingerprint = hashlib.sha256(f"{engine.fingerprint}:{KV_FORMAT}".encode()).hexdigest()
+        # Citations' chunk metadata of KV that could not be written (kept in the pool only).
+        self._unsaved_chunks: dict[KVKey, list[ChunkRecord]] = {}
 
     def key(self, doc_id: str, chunk_size: int) -> KVKey:
         # The engine's dtype, not the files' (stored_kv_dtype): the prefill's arithmetic decides
         # the values, the files only how they are rounded.
         dtype = str(self.engine.dtype).removeprefix("torch.")
-        return KVKey(doc_id, self.engine.fingerprint, chunk_size, dtype, CHUNKING)
+        return KVKey(doc_id, self.fingerprint, chunk_size, dtype, CHUNKING)
 
-    def get(self, doc_id: str, chunk_size: int, progress: ProgressFn | None = None) -> DocumentKV:
-        """The document's KV on the engine's device: pool hit, disk load, or prefill (then saved)."""
+    def get(self, doc_id: str, chunk_size: int, progress: ProgressFn | None = None,
+            must_persist: bool = False) -> DocumentKV:
+        """The document's KV on the engine's device: pool hit, disk load, or prefill (then saved).
+
+        A prefill whose files cannot be written (a full disk, a read-only folder) raises with
+        `must_persist` (ingest reports it); otherwise the KV is kept in the pool only and the
+        question is answered all the same."""
         key = self.key(doc_id, chunk_size)
         hit = self.pool.get(key)
         if hit is not None:
@@ -111,25 +122,33 @@ class DocumentKVService:
                 return tensors_to_kv(self.pool.put(key, tensors, source="disk"))
             except KVFileError as exc:
                 logger.warning("recomputing the KV of %s: %s", doc_id, exc)
-        return self._prefill_and_save(key, progress)
+        return self._prefill_and_save(key, progress, must_persist)
 
     def chunks(self, doc_id: str, chunk_size: int) -> list[ChunkRecord]:
         """Chunk metadata for citations (prefilling first if this chunking was never computed)."""
         key = self.key(doc_id, chunk_size)
         record = self.store.find_kv(key)
-        if record is None:
+        if record is None and key not in self._unsaved_chunks:
             self.get(doc_id, chunk_size)
             record = self.store.find_kv(key)
-        return self.store.chunks(record.id)
+        return self.store.chunks(record.id) if record is not None else self._unsaved_chunks[key]
 
-    def _prefill_and_save(self, key: KVKey, progress: ProgressFn | None) -> DocumentKV:
+    def _prefill_and_save(self, key: KVKey, progress: ProgressFn | None, must_persist: bool) -> DocumentKV:
         text = self.store.document_text(key.document_id)
         doc, offsets = prefill_text(self.engine, text, key.chunk_size, progress)
         chunks = chunk_records(doc, offsets, text, self.store.pages(key.document_id))
-        self.store.save_kv(key, kv_to_tensors(doc, stored_kv_dtype(doc.keys.dtype)), CHUNK_AXIS, chunks,
-                           num_tokens=len(offsets))
+        try:
+            self.store.save_kv(key, kv_to_tensors(doc, stored_kv_dtype(doc.keys.dtype)), CHUNK_AXIS, chunks,
+                               num_tokens=len(offsets))
+        except StorageError as exc:
+            if must_persist:
+                raise
+            logger.warning("the KV of %s is kept in memory only: %s", key.document_id, exc)
+            self._unsaved_chunks[key] = chunks
         return tensors_to_kv(self.pool.put(key, kv_to_tensors(doc), source="prefill"))
 
     def forget(self, doc_id: str) -> None:
         """Drops every pooled entry of a document (when it is deleted)."""
         self.pool.drop_matching(lambda key: key.document_id == doc_id)
+        for key in [k for k in self._unsaved_chunks if k.document_id == doc_id]:
+            del self._unsaved_chunks[key]

@@ -2,15 +2,18 @@
 
 It composes the pieces: ingestion (app.ingest), the store and KV pool (storage), the KV service
 (prefill once, reuse forever) and the engine. The CLI and the Gradio UI are thin shells over it.
-Model work is serialised by one lock (one model, one GPU); storage reads are concurrent.
+Model work is serialised by one lock (one model, one GPU); storage reads are concurrent. A question
+holds the model for at most `request_timeout_s` and can be cancelled (a closed browser tab), and
+its length is limited, so one request cannot starve the others.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
-import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +27,7 @@ from app.ingest import IngestError, extract
 from app.kv_service import DocumentKVService
 from engine import AnswerParams, AnswerResult, Engine
 from engine.decode import DecodeStep
-from storage import DocumentRecord, DocumentStore, PageSpan, ResultCache, TieredKVPool
+from storage import DocumentRecord, DocumentStore, PageSpan, ResultCache, StorageError, TieredKVPool
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +45,16 @@ class ServiceConfig:
     warm_bytes: int = 8 << 30  # KV kept in pinned CPU memory (GPU only)
     kv_budget_bytes: int | None = None  # disk budget for KV files (None: unbounded)
     weak_score: float | None = None  # warn below this best chunk score (default: the model's)
+    max_question_tokens: int = 512  # longer questions are refused (scoring cost grows with them)
+    request_timeout_s: float = 300.0  # a question holds the model at most this long
+
+
+class QuestionStopped(RuntimeError):
+    """A question was stopped before its answer: cancelled by its asker, or past its time budget."""
+
+
+UPLOAD_TEMP = "tmp"  # the app's own temporary folder in the data folder (the web UI's uploads)
+STALE_UPLOAD_S = 3600.0  # uploads left there longer than this (by a killed server) are removed at start
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,17 @@ class AskEvent:
     result: AskResult | None = None
 
 
+ANSWER_MEMO = "answer-v2"  # {"document_ids": [...], "result": AskResult as JSON}
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
 def _page_label(pages: list, start: int, end: int) -> str:
     if not pages:
         return ""
@@ -95,12 +119,20 @@ def _page_label(pages: list, start: int, end: int) -> str:
 class DocQA:
     def __init__(self, config: ServiceConfig = ServiceConfig()) -> None:
         self.config = config
-        self.engine = Engine.from_pretrained(config.model_dir, device=config.device)
-        self.defaults: ModelDefaults = model_defaults(config.model_dir)
+        # The store first: a missing or damaged library is reported before the model loads.
         self.store = DocumentStore(config.data_dir, kv_budget_bytes=config.kv_budget_bytes)
+        self.engine = Engine.from_pretrained(config.model_dir, device=config.device,
+                                             fingerprint_cache=self.store.root / "fingerprints.json")
+        self.defaults: ModelDefaults = model_defaults(config.model_dir)
         self.pool = TieredKVPool(self.engine.device, config.hot_bytes, config.warm_bytes)
         self.kv = DocumentKVService(self.engine, self.store, self.pool)
-        self.memo = ResultCache(Path(config.data_dir) / "memo")
+        self.memo = ResultCache(self.store.root / "memo", read_only=self.store.read_only)
+        if self.store.read_only:  # nothing can be added, but the web page still needs a folder of its own
+            self.upload_dir = Path(tempfile.mkdtemp(prefix="docqa-uploads-"))
+        else:
+            self.upload_dir = self.store.root / UPLOAD_TEMP
+            self.upload_dir.mkdir(exist_ok=True)
+            self._remove_stale_uploads()
         self._model_lock = threading.Lock()
         weak = json.loads((Path(config.model_dir) / "docqa.json").read_text()).get("weak_score") \
             if (Path(config.model_dir) / "docqa.json").exists() else None
@@ -108,13 +140,22 @@ class DocQA:
 
     # ---- documents -------------------------------------------------------------------------------
 
+    @property
+    def read_only(self) -> bool:
+        return self.store.read_only
+
     def ingest(self, data: bytes, name: str, password: str | None = None, chunk_size: int | None = None,
                progress: Callable[[str, float], None] | None = None) -> tuple[DocumentInfo, bool]:
         """Extracts, stores and prefills a file. Returns (info, added); an identical file already
-        stored is not added twice. Raises IngestError with a clear message; stores nothing then.
-        Progress goes to `progress` and to the jobs table (visible after a page refresh)."""
+        stored is not added twice. Raises IngestError with a clear message: a file that cannot be
+        read stores nothing; one whose KV cannot be stored (a full disk) stays listed as failed,
+        and adding it again retries. Progress goes to `progress` and to the jobs table (visible
+        after a page refresh)."""
         name = Path(name).name or "document"
-        job = self.store.start_job(name)
+        try:
+            job = self.store.start_job(name)
+        except StorageError as exc:
+            raise IngestError("read_only" if self.read_only else "storage", f"{name} cannot be added: {exc}") from None
         last = [0.0]
 
         def say(stage: str, frac: float) -> None:
@@ -127,8 +168,8 @@ class DocQA:
 
         try:
             result = self._ingest(data, name, password, chunk_size, say)
-        except Exception as exc:
-            self.store.finish_job(job, str(exc))
+        except BaseException as exc:
+            self.store.finish_job(job, str(exc) or type(exc).__name__)
             raise
         self.store.finish_job(job)
         return result
@@ -139,37 +180,48 @@ class DocQA:
     def _ingest(self, data, name, password, chunk_size, say) -> tuple[DocumentInfo, bool]:
         doc_id = hashlib.sha256(data).hexdigest()
         existing = self.store.get_document(doc_id)
-        if existing is None or existing.status != "ready":
+        added = existing is None or existing.status != "ready"
+        if existing is not None and existing.status == "failed" and self.store.has_text(doc_id):
+            record = existing  # a retry: the text is stored, the KV is what failed
+        elif added:
             say("extracting", 0.0)
             entry = self.memo.get("extracted", doc_id)  # the same bytes were extracted before
             if entry is None:
                 doc = extract(data, name, self.config.max_upload_bytes, password, self.config.extract_timeout_s,
                               lambda done, total: say(f"extracting page {done}/{total}", 0.5 * done / total))
                 entry = {"text": doc.text, "pages": [asdict(p) for p in doc.pages], "mime": doc.mime}
-                self.memo.set("extracted", doc_id, entry)
+                if not doc.encrypted:  # an encrypted PDF's text is never kept where no password guards it
+                    self.memo.set("extracted", doc_id, entry)
             page_spans = [PageSpan(**p) for p in entry["pages"]]
-            self._keep_upload(doc_id, name, data)
-            record, added = self.store.add_document(doc_id, name, entry["mime"], len(data), entry["text"], page_spans)
+            try:
+                self.store.keep_upload(doc_id, name, data)
+                record, _ = self.store.add_document(doc_id, name, entry["mime"], len(data), entry["text"], page_spans,
+                                                    status="ingesting")
+            except StorageError as exc:
+                self.store.delete_document(doc_id)
+                raise IngestError("storage", f"{name} could not be stored: {exc}") from None
         else:
-            record, added = existing, False
+            record = existing
         size = chunk_size or self.defaults.chunk_size
         say("encoding", 0.5)
-        with self._model_lock:
-            self.kv.get(doc_id, size, lambda done, total: say(f"encoding chunk {done}/{total}",
-                                                              0.5 + 0.5 * done / max(total, 1)))
+        try:
+            with self._model_lock:
+                self.kv.get(doc_id, size, lambda done, total: say(f"encoding chunk {done}/{total}",
+                                                                  0.5 + 0.5 * done / max(total, 1)), must_persist=True)
+        except StorageError as exc:
+            self.store.set_status(doc_id, "failed", str(exc))
+            raise IngestError("storage", f"{name} was read but its KV cache could not be stored: {exc}. It is listed "
+                                         "as failed; add it again to retry.") from None
+        except BaseException:
+            if added:  # nothing half-stored: a new document goes again whole
+                self.kv.forget(doc_id)
+                self.store.delete_document(doc_id)
+            raise
+        if record.status != "ready":
+            self.store.set_status(doc_id, "ready")
+            record = self.store.get_document(doc_id)
         say("ready", 1.0)
         return self.document_info(record, size), added
-
-    def _keep_upload(self, doc_id: str, name: str, data: bytes) -> None:
-        """The original file, under a generated name inside the data folder (never served)."""
-        folder = Path(self.config.data_dir) / "uploads"
-        folder.mkdir(parents=True, exist_ok=True)
-        suffix = Path(name).suffix.lower() if Path(name).suffix.lower() in (".pdf", ".txt", ".md", ".markdown") else ""
-        target = folder / f"{doc_id}{suffix}"
-        if not target.exists():
-            tmp = folder / f".{doc_id}.tmp-{os.getpid()}"
-            tmp.write_bytes(data)
-            os.replace(tmp, target)
 
     def ingest_file(self, path: str | Path, **kw) -> tuple[DocumentInfo, bool]:
         path = Path(path)
@@ -187,14 +239,53 @@ class DocQA:
         return DocumentInfo(record, cache.num_chunks if cache else 0, cache.num_tokens if cache else 0,
                             cache is not None, cache.bytes if cache else 0)
 
-    def documents(self) -> list[DocumentInfo]:
-        return [self.document_info(r) for r in self.store.list_documents()]
+    def documents(self, include_failed: bool = False) -> list[DocumentInfo]:
+        """The documents that can be asked; with `include_failed`, also those whose KV could not be
+        stored (status 'failed', with the reason in `record.error`)."""
+        statuses = ("ready", "failed") if include_failed else ("ready",)
+        return [self.document_info(r) for r in self.store.list_documents(statuses)]
 
     def delete(self, doc_id: str) -> bool:
+        """Deletes a document and everything derived from it: its rows, text, KV, original upload,
+        memoised extraction and answers, and any copy left in the app's temporary folder."""
+        if self.store.get_document(doc_id) is None:
+            return False
+        self.store.require_writable()
         self.kv.forget(doc_id)
-        for upload in (Path(self.config.data_dir) / "uploads").glob(f"{doc_id}*"):
-            upload.unlink(missing_ok=True)
-        return self.store.delete_document(doc_id)
+        found = self.store.delete_document(doc_id)
+        self.memo.delete("extracted", doc_id)
+        self.memo.delete_where(ANSWER_MEMO, lambda entry: doc_id in entry.get("document_ids", []))
+        self.memo.compact_log()
+        self.discard_uploads(doc_id)
+        return found
+
+    def discard_uploads(self, doc_id: str | None = None) -> None:
+        """Removes uploaded files from the app's temporary folder: those holding document `doc_id`'s
+        bytes, or (None) all of them."""
+        for path in sorted(self.upload_dir.rglob("*"), reverse=True) if self.upload_dir.exists() else []:
+            with contextlib.suppress(OSError):
+                if path.is_dir():
+                    if not any(path.iterdir()):
+                        path.rmdir()
+                elif doc_id is None or _file_sha256(path) == doc_id:
+                    path.unlink()
+
+    def discard_upload_file(self, path: str | Path) -> None:
+        """Removes one uploaded file (and its folder, once empty) from the app's temporary folder."""
+        path = Path(path)
+        if not path.resolve().is_relative_to(self.upload_dir.resolve()):
+            return
+        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            if path.parent.resolve() != self.upload_dir.resolve():
+                path.parent.rmdir()  # Gradio keeps each upload in a folder of its own
+
+    def _remove_stale_uploads(self) -> None:
+        cutoff = time.time() - STALE_UPLOAD_S
+        for path in self.upload_dir.rglob("*"):
+            with contextlib.suppress(OSError):
+                if path.is_file() and path.stat().st_mtime < cutoff:
+                    path.unlink()
 
     def save_collection(self, name: str, document_ids: list[str]) -> None:
         self.store.save_collection(name, document_ids)
@@ -210,51 +301,99 @@ class DocQA:
     def params(self, **overrides) -> AnswerParams:
         return answer_params(self.defaults, **overrides)
 
-    def ask(self, question: str, document_ids: list[str], params: AnswerParams | None = None,
-            conversation_id: str | None = None, chunk_size: int | None = None) -> Iterator[AskEvent]:
-        """Streams the answer as it is denoised, then the cited result (also stored in SQLite)."""
+    def check_question(self, question: str) -> str:
+        """The question stripped, or ValueError: empty, or longer than `max_question_tokens`."""
         question = question.strip()
         if not question:
             raise ValueError("the question is empty")
+        limit = self.config.max_question_tokens
+        too_long = (f"the question is too long: at most {limit} tokens (about {4 * limit} characters) are read; "
+                    "ask it in fewer words")
+        if len(question) > 16 * limit:  # refused before tokenizing a huge paste
+            raise ValueError(too_long)
+        if len(self.engine.tokenizer(question, add_special_tokens=False)["input_ids"]) > limit:
+            raise ValueError(too_long)
+        return question
+
+    def ask(self, question: str, document_ids: list[str], params: AnswerParams | None = None,
+            conversation_id: str | None = None, chunk_size: int | None = None,
+            cancel: threading.Event | None = None) -> Iterator[AskEvent]:
+        """Streams the answer as it is denoised, then the cited result (also stored in SQLite).
+
+        Raises ValueError for a question that cannot be asked (empty, too long, no or unknown
+        documents), QuestionStopped when `cancel` is set or the time budget runs out; the model is
+        free again then. Closing the generator also frees it (at the next decode step)."""
+        question = self.check_question(question)
         if not document_ids:
             raise ValueError("choose at least one document")
-        records = []
-        for doc_id in document_ids:
-            rec = self.store.get_document(doc_id)
-            if rec is None:
-                raise ValueError(f"unknown document {doc_id}")
-            records.append(rec)
+        records = [self._askable(doc_id) for doc_id in dict.fromkeys(document_ids)]
         params = params or self.params()
         size = chunk_size or self.defaults.chunk_size
         request_key = hashlib.sha256(json.dumps(
-            [question, sorted(document_ids), repr(params), size, self.engine.fingerprint]).encode()).hexdigest()
-        if conversation_id is None:
+            [question, sorted(r.id for r in records), repr(params), size, self.kv.fingerprint]).encode()).hexdigest()
+        if conversation_id is None and not self.read_only:
             conversation_id = self.store.create_conversation(question[:80])
-        hit = self.memo.get("answer", request_key)
+        hit = self.memo.get(ANSWER_MEMO, request_key)
         if hit is not None:
-            result = replace(self._result_from_json(hit), conversation_id=conversation_id, cached=True)
+            result = replace(self._result_from_json(hit["result"]), conversation_id=conversation_id or "", cached=True)
             self._record(result, question, document_ids, params)
             yield AskEvent("done", "answered from cache", result.answer, result)
             return
         yield AskEvent("status", "waiting for the model")
-        with self._model_lock:
+        self._acquire_model(cancel)
+        try:
+            stop = self._stopper(cancel)
             start = time.perf_counter()
             docs = [self.kv.get(r.id, size) for r in records]
             load_s = time.perf_counter() - start
+            stop()
             yield AskEvent("status", "selecting chunks")
             canvas = [None] * params.sampling.gen_length
             final: AnswerResult | None = None
-            for event in self.engine.stream_answer(docs, question, params):
+            for event in self.engine.stream_answer(docs, question, params, interrupt_check=stop):
+                stop()
                 if isinstance(event, DecodeStep):
                     for pos, tok in zip(event.positions, event.tokens, strict=True):
                         canvas[pos] = tok
                     yield AskEvent("step", partial=self._render(canvas))
                 else:
                     final = event
-        result = self._build_result(final, records, size, conversation_id, load_s)
-        self.memo.set("answer", request_key, self._result_to_json(result))
+        finally:
+            self._model_lock.release()
+        result = self._build_result(final, records, size, conversation_id or "", load_s)
+        self.memo.set(ANSWER_MEMO, request_key, {"document_ids": [r.id for r in records],
+                                                 "result": self._result_to_json(result)})
         self._record(result, question, document_ids, params)
         yield AskEvent("done", partial=result.answer, result=result)
+
+    def _askable(self, doc_id: str) -> DocumentRecord:
+        rec = self.store.get_document(doc_id) if doc_id else None
+        if rec is None:
+            raise ValueError(f"unknown document {doc_id!r}")
+        if rec.status == "failed":
+            raise ValueError(f"{rec.name} could not be stored ({rec.error}); add it again to retry")
+        if rec.status != "ready":
+            raise ValueError(f"{rec.name} is still being added")
+        return rec
+
+    def _acquire_model(self, cancel: threading.Event | None) -> None:
+        """Waits for the model; a question cancelled while it waits never takes it."""
+        while not self._model_lock.acquire(timeout=0.25):
+            if cancel is not None and cancel.is_set():
+                raise QuestionStopped("the question was cancelled")
+
+    def _stopper(self, cancel: threading.Event | None) -> Callable[[], None]:
+        """Raises QuestionStopped once the question is cancelled or past its time budget."""
+        budget = self.config.request_timeout_s
+        deadline = time.monotonic() + budget
+
+        def stop() -> None:
+            if cancel is not None and cancel.is_set():
+                raise QuestionStopped("the question was cancelled")
+            if time.monotonic() > deadline:
+                raise QuestionStopped(f"the answer took longer than {budget:.0f} s and was stopped; "
+                                      "choose fewer documents or ask a shorter question")
+        return stop
 
     def answer(self, question: str, document_ids: list[str], **kw) -> AskResult:
         result = None
@@ -310,6 +449,8 @@ class DocQA:
         return AskResult(res.text, citations, warning, conversation_id, scores, anchors, timings, tr.steps)
 
     def _record(self, result: AskResult, question: str, document_ids: list[str], params: AnswerParams) -> None:
+        if self.read_only or not result.conversation_id:  # a read-only library keeps no history
+            return
         self.store.add_message(
             result.conversation_id, question, result.answer, document_ids, json.loads(json.dumps(asdict(params))),
             [{"document": c.document, "chunk": c.chunk, "pages": c.pages, "score": c.score} for c in result.citations],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -150,12 +150,13 @@ def _pool(documents: Sequence[DocumentKV]) -> list[ChunkRef]:
 
 
 def _score_all(model, attention, documents, rows, params: ScoringParams, layer_fns: LayerFunctions | None = None,
-               cache: PagedDecodeCache | None = None):
+               cache: PagedDecodeCache | None = None, interrupt_check: Callable[[], None] | None = None):
     passes = None
     if cache is not None:  # the engine keeps the passes (and their captured graphs) across questions
         def passes(doc, ranges, shape):
             return cache.scoring_passes(model, attention, doc, ranges, shape, layer_fns)
-    per_doc = [score_document(model, attention, doc, rows, params, layer_fns, passes) for doc in documents]
+    per_doc = [score_document(model, attention, doc, rows, params, layer_fns, passes, interrupt_check)
+               for doc in documents]
     scores = torch.cat([s.scores for s in per_doc]) if per_doc else torch.zeros(0)
     layers = model.cfg.num_layers
     anchors = torch.cat([s.anchors for s in per_doc]) if per_doc else torch.zeros(0, layers)
@@ -228,12 +229,15 @@ def _dense_prompt(prompt: QuestionPrompt, documents: Sequence[DocumentKV], bos_i
 def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
                   documents: Sequence[DocumentKV], question: str | QuestionPrompt,
                   params: AnswerParams = AnswerParams(),
-                  paged_cache: PagedDecodeCache | None = None) -> Iterator[DecodeStep | AnswerResult]:
+                  paged_cache: PagedDecodeCache | None = None,
+                  interrupt_check: Callable[[], None] | None = None) -> Iterator[DecodeStep | AnswerResult]:
     """Yields a DecodeStep per denoising step, then the AnswerResult.
 
     `question` is text, or an already tokenized QuestionPrompt (benchmarks with random models use
     that and pass no tokenizer; the result's text is then empty). `paged_cache` (one per engine)
-    lets the paged route reuse the previous question's buffers and CUDA graph.
+    lets the paged route reuse the previous question's buffers and CUDA graph. `interrupt_check`
+    is called between the phases and the scoring passes, before any decode step; it raises to stop
+    the question (the caller checks between decode steps itself, where this generator yields).
     """
     cfg = model.cfg
     device = model.embed_tokens.weight.device
@@ -256,13 +260,16 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
             draft = draft_pseudo_labels(model, attention, prompt_ids, sp.draft_slots, sp.draft_rounds,
                                         _dynamic_layers(model, params))
     t = clock.lap("draft", t)
+    if interrupt_check is not None:
+        interrupt_check()
     rows = scoring_rows(prompt.query_ids, prompt.question_span, draft, sp.window, cfg.logits_shifted)
     candidates = [] if baseline else _pool(documents)
     if baseline:
         scores, anchors_scoring, token_scores = torch.zeros(0), torch.zeros(0, cfg.num_layers), None
     else:
         scores, anchors_scoring, token_scores = _score_all(model, attention, documents, rows, sp,
-                                                           _dynamic_layers(model, params), paged_cache)
+                                                           _dynamic_layers(model, params), paged_cache,
+                                                           interrupt_check)
     t = clock.lap("scoring", t)
     chosen = _select(scores, token_scores, params) if candidates else torch.zeros(0, dtype=torch.long)
     refs = [candidates[i] for i in chosen.tolist()]

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -310,11 +311,13 @@ class ScoringPass:
 @torch.inference_mode()
 def score_document(model: DiffusionLM, attention: AttentionBackend, doc: DocumentKV,
                    rows: ScoringRows, params: ScoringParams,
-                   layer_fns: LayerFunctions | None = None, passes=None) -> DocumentScores:
+                   layer_fns: LayerFunctions | None = None, passes=None,
+                   interrupt_check: Callable[[], None] | None = None) -> DocumentScores:
     """Scores every chunk of one document in batched passes over its cached KV (`layer_fns`: the
     layers' halves around attention, default eager; `passes(doc, ranges, shape)`: where to get
     kept ScoringPasses for these chunk ranges from, e.g. with captured graphs; default new eager
-    ones)."""
+    ones). `interrupt_check` is called before each pass and raises to stop (a cancelled question:
+    scoring a long document is the longest stretch without a decode step)."""
     cfg = model.cfg
     likelihood = params.scorer in LIKELIHOOD_SCORERS
     folds = masking_folds(rows.targets, params.llada_folds) if likelihood and not cfg.logits_shifted else None
@@ -332,6 +335,8 @@ def score_document(model: DiffusionLM, attention: AttentionBackend, doc: Documen
     else:
         forwards = passes(doc, ranges, layout.shape)
     for (start, end), forward in zip(ranges, forwards, strict=True):
+        if interrupt_check is not None:
+            interrupt_check()
         log_probs, summary = forward(layout)
         anchors[start:end] = summary[..., 0].cpu()
         if params.scorer == "attention":

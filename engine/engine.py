@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,8 +77,11 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device | None = None,
-                        dtype: torch.dtype | None = None, attention: str | None = None) -> Engine:
-        """Loads a local Dream / LLaDA-format folder. bf16 on GPU, fp32 on CPU unless `dtype`."""
+                        dtype: torch.dtype | None = None, attention: str | None = None,
+                        fingerprint_cache: Path | None = None) -> Engine:
+        """Loads a local Dream / LLaDA-format folder. bf16 on GPU, fp32 on CPU unless `dtype`.
+        `fingerprint_cache`: where the weight files' digests are kept between runs (see
+        `model_fingerprint`); without one they are hashed at every load."""
         path = Path(path)
         dev = resolve_device(device)
         dtype = dtype or default_dtype(dev)
@@ -87,7 +90,7 @@ class Engine:
         model = load_model(path, cfg, dev, dtype)
         backend = select_backend(dev, dtype, override=attention)
         logger.info("engine ready: %s on %s (%s), attention=%s", path, dev, dtype, backend.name)
-        return cls(model, tokenizer, backend, path, model_fingerprint(path))
+        return cls(model, tokenizer, backend, path, model_fingerprint(path, fingerprint_cache))
 
     @torch.inference_mode()
     def logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -153,11 +156,13 @@ class Engine:
         return self.prefill(ids, chunk_size, progress)
 
     def stream_answer(self, documents: DocumentKV | list[DocumentKV], question: str,
-                      params: AnswerParams | None = None) -> Iterator[DecodeStep | AnswerResult]:
-        """Yields a DecodeStep per denoising step, then the AnswerResult with its trace."""
+                      params: AnswerParams | None = None,
+                      interrupt_check: Callable[[], None] | None = None) -> Iterator[DecodeStep | AnswerResult]:
+        """Yields a DecodeStep per denoising step, then the AnswerResult with its trace.
+        `interrupt_check` raises to stop the question before decoding (see engine.answer)."""
         docs = [documents] if isinstance(documents, DocumentKV) else list(documents)
         yield from stream_answer(self.model, self.attention, self.tokenizer, docs, question,
-                                 params or AnswerParams(), self.paged_cache)
+                                 params or AnswerParams(), self.paged_cache, interrupt_check)
 
     def answer(self, documents: DocumentKV | list[DocumentKV], question: str,
                params: AnswerParams | None = None) -> AnswerResult:

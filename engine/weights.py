@@ -239,30 +239,63 @@ _FINGERPRINT_FILES = ("config.json", "generation_config.json", "tokenizer.json",
                       "vocab.json", "merges.txt", "added_tokens.json", "special_tokens_map.json", INDEX_FILE)
 
 
-def model_fingerprint(folder: str | Path) -> str:
-    """A stable id of a checkpoint: config, tokenizer and the weight files' identities.
+def model_fingerprint(folder: str | Path, cache_file: str | Path | None = None) -> str:
+    """A stable id of a checkpoint: every byte of its config, tokenizer and weight files.
 
-    Config and tokenizer files are hashed whole. Each weight file contributes its name, size,
-    safetensors header (names, dtypes, shapes, offsets) and three 1 MiB samples (start, middle,
-    end), so two different checkpoints never share KV caches, without reading gigabytes at start.
+    Two checkpoints that differ anywhere never share KV caches or stored answers. Hashing a 15 GB
+    checkpoint takes tens of seconds, so each weight file's digest is kept in `cache_file` (JSON)
+    under its path, size, mtime, ctime and inode, and recomputed only when one of those changes
+    (a file rewritten in place changes its ctime, whatever its mtime is set back to).
     """
     import hashlib
+    import json
 
     folder = Path(folder)
-    h = hashlib.sha256(b"docqa-fingerprint-v1")
+    cache = _read_digest_cache(cache_file)
+    h = hashlib.sha256(b"docqa-fingerprint-v2")
     for name in _FINGERPRINT_FILES:
         path = folder / name
         if path.exists():
             h.update(name.encode() + b"\0" + path.read_bytes())
+    changed = False
     for path in sorted(folder.glob("*.safetensors")):
-        size = path.stat().st_size
-        h.update(f"{path.name}\0{size}\0".encode())
-        with open(path, "rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
-            h.update(f.read(min(header_len, 100 << 20)))
-            for offset in (0, size // 2, max(size - (1 << 20), 0)):
-                f.seek(offset)
-                h.update(f.read(1 << 20))
+        st = path.stat()
+        identity = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        entry = cache.get(str(path.resolve()))
+        if entry is None or entry[:4] != identity:
+            entry = [*identity, _file_sha256(path)]
+            cache[str(path.resolve())] = entry
+            changed = True
+        h.update(f"{path.name}\0{st.st_size}\0{entry[4]}\0".encode())
+    if changed and cache_file is not None:
+        try:
+            tmp = Path(cache_file).with_name(Path(cache_file).name + ".tmp")
+            tmp.write_text(json.dumps(cache))
+            tmp.replace(cache_file)
+        except OSError:  # a read-only folder: the digests are recomputed next time
+            pass
+    return h.hexdigest()
+
+
+def _read_digest_cache(cache_file: str | Path | None) -> dict[str, list]:
+    import json
+
+    if cache_file is None:
+        return {}
+    try:
+        data = json.loads(Path(cache_file).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            h.update(block)
     return h.hexdigest()
 
 

@@ -3,10 +3,12 @@
 Knows tensors and dataclasses, not model code.
 """
 
-from storage.kv_files import KVFileError, StorageError, StorageFullError
+from storage.errors import DatabaseError, KVFileError, ReadOnlyError, StorageError, StorageFullError
 from storage.kv_pool import PoolCounters, TieredKVPool
 from storage.memo import ResultCache
-from storage.store import ChunkRecord, DocumentRecord, DocumentStore, KVCacheRecord, KVKey, PageSpan
+from storage.repair import RepairReport, diagnose, repair
+from storage.store import ChunkRecord, DocumentRecord, DocumentStore, KVCacheRecord, KVKey, PageSpan, write_atomically
 
-__all__ = ["ChunkRecord", "DocumentRecord", "DocumentStore", "KVCacheRecord", "KVFileError", "KVKey", "PageSpan",
-           "PoolCounters", "ResultCache", "StorageError", "StorageFullError", "TieredKVPool"]
+__all__ = ["ChunkRecord", "DatabaseError", "DocumentRecord", "DocumentStore", "KVCacheRecord", "KVFileError", "KVKey",
+           "PageSpan", "PoolCounters", "ReadOnlyError", "RepairReport", "ResultCache", "StorageError",
+           "StorageFullError", "TieredKVPool", "diagnose", "repair", "write_atomically"]

@@ -1,28 +1,41 @@
-"""SQLite through sqlite-utils: connections and numbered migrations.
+"""SQLite through sqlite-utils: connections, health checks and numbered migrations.
 
 Every connection gets WAL (concurrent readers, one writer, also across processes), foreign keys on
-(SQLite leaves them off by default) and a 30 s busy timeout. Connections are never shared between
-threads: `DocumentStore` keeps one per thread.
+(SQLite leaves them off by default), secure delete (a deleted document's text is overwritten in the
+file, not left in free pages) and a 30 s busy timeout. Connections are never shared between
+threads: `DocumentStore` keeps one per thread. A read-only data folder gets read-only connections.
 """
 
 from __future__ import annotations
 
 import fcntl
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from sqlite_utils import Database, Migrations
+
+from storage.errors import DatabaseError, ReadOnlyError
 
 migrations = Migrations("docqa")
 
 
-def connect(path: str | Path) -> Database:
-    """Opens the database with WAL, foreign keys and a busy timeout; applies pending migrations."""
+def connect(path: str | Path, read_only: bool = False) -> Database:
+    """Opens the database with WAL, foreign keys and a busy timeout; applies pending migrations
+    (read-only: none may be pending)."""
     path = Path(path)
+    if read_only:
+        db = Database(open_read_only(path))
+        if migrations.pending(db):
+            raise ReadOnlyError(f"the library in {path.parent} was written by an older version of docqa and its "
+                                "folder is read-only: open it once from a writable folder to upgrade it")
+        return db
     conn = sqlite3.connect(str(path), timeout=30.0)
     db = Database(conn)
     db.execute("PRAGMA foreign_keys = ON")
     db.execute("PRAGMA synchronous = NORMAL")
+    db.execute("PRAGMA secure_delete = ON")
     if db.journal_mode != "wal":
         db.enable_wal()
     # Two processes starting at once must not both apply the same migration.
@@ -30,6 +43,50 @@ def connect(path: str | Path) -> Database:
         fcntl.flock(lock, fcntl.LOCK_EX)
         migrations.apply(db)
     return db
+
+
+def open_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that never writes. On a read-only filesystem a WAL database without its -shm
+    file cannot take read locks; nobody can write there either, so it is opened as immutable."""
+    last: Exception | None = None
+    for flags in ("mode=ro", "immutable=1"):
+        try:
+            conn = sqlite3.connect(f"file:{quote(str(path))}?{flags}", uri=True, timeout=30.0, check_same_thread=False)
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return conn
+        except sqlite3.OperationalError as exc:  # cannot open or lock: try the next way
+            last = exc
+        except sqlite3.DatabaseError as exc:  # opened, and what it holds is not a sound database
+            raise DatabaseError(f"the library database {path} is damaged ({exc})") from None
+    raise DatabaseError(f"cannot open the library database {path} read-only: {last}")
+
+
+@dataclass(frozen=True)
+class DatabaseHealth:
+    state: str  # "absent" (no file or 0 bytes) | "no_library" (SQLite, without our tables) | "damaged" | "ok"
+    detail: str = ""
+
+
+def database_health(path: Path) -> DatabaseHealth:
+    """What the file at `path` is, read without writing anything (no WAL, no migrations)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return DatabaseHealth("absent", "missing" if not path.exists() else "empty (0 bytes)")
+    try:
+        conn = open_read_only(path)
+    except DatabaseError as exc:
+        return DatabaseHealth("damaged", str(exc).partition(" (")[2].rstrip(")") or str(exc))
+    try:
+        check = [row[0] for row in conn.execute("PRAGMA quick_check")]
+        if check != ["ok"]:
+            return DatabaseHealth("damaged", "; ".join(check[:3]))
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "documents" not in tables:
+            return DatabaseHealth("no_library", "it holds no document table")
+        return DatabaseHealth("ok")
+    except sqlite3.DatabaseError as exc:
+        return DatabaseHealth("damaged", str(exc))
+    finally:
+        conn.close()
 
 
 def _run_statements(db: Database, sql: str) -> None:
@@ -163,3 +220,10 @@ def m004_kv_chunking(db: Database) -> None:
     ('fixed'); a reader asking for another cut does not find them and prefills again, and the new
     cache replaces the old one (one cache per document, model, chunk size and dtype)."""
     db.execute("ALTER TABLE kv_caches ADD COLUMN chunking TEXT NOT NULL DEFAULT 'fixed'")
+
+
+@migrations()
+def m005_deletions(db: Database) -> None:
+    """Documents being deleted: the rows go in one transaction with this mark, the files after it;
+    a crash in between leaves the mark, and recovery finishes removing the files it names."""
+    db.execute("CREATE TABLE deleted_documents (id TEXT PRIMARY KEY, deleted_at TEXT NOT NULL) STRICT")

@@ -8,7 +8,6 @@ recorded at write time; a load checks sizes always and hashes once per process.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import shutil
@@ -20,20 +19,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
+from storage.errors import NO_SPACE, READ_ONLY, KVFileError, ReadOnlyError, StorageError, StorageFullError
+
 TMP_MARK = ".tmp-"
-_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-
-
-class StorageError(RuntimeError):
-    pass
-
-
-class StorageFullError(StorageError):
-    """The disk (or a file-size limit) has no room left for the KV files."""
-
-
-class KVFileError(StorageError):
-    """A KV file is missing, truncated or corrupted: the cache must be recomputed."""
+# What a KV file holds and how (names, axes, dtypes, metadata). Part of every cache's key: files
+# written in another format are never read as this one, but prefilled again.
+KV_FORMAT = "safetensors-kv-v1"
 
 
 @dataclass(frozen=True)
@@ -92,9 +83,11 @@ def write_kv_shards(root: Path, rel_folder: str, tensors: dict[str, torch.Tensor
         _fsync_dir(folder.parent)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        if exc.errno in _NO_SPACE:
+        if exc.errno in NO_SPACE:
             raise StorageFullError(f"no space left to store the KV cache in {root} ({exc.strerror}); "
                                    "free disk space or lower the storage budget") from None
+        if exc.errno in READ_ONLY:
+            raise ReadOnlyError(f"the data folder {root} is read-only: the KV cache cannot be stored") from None
         raise StorageError(f"cannot write the KV cache to {folder}: {exc}") from exc
     return shards
 

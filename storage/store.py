@@ -2,12 +2,19 @@
 
 Layout:
     <data>/docqa.sqlite              metadata (documents, pages, KV caches, chunks, conversations)
+    <data>/docqa.sqlite.bak          a copy taken after every change to the library (`repair` uses it)
     <data>/documents/<id>.txt        each document's extracted text
+    <data>/documents/<id>.json       its name, type and pages (`repair` rebuilds rows from it)
+    <data>/uploads/<id>.<ext>        the original file, never served
     <data>/kv/<id>/<fingerprint>-c<chunk size>-<dtype>/kv-NNNN-of-NNNN.safetensors
 
-Invariants: a document row is 'ready' only together with its text file and pages; a KV cache row
-is 'ready' only once all its files are renamed into place; deleting removes rows first (one
-transaction) and then files, and `recover()` (run at open) removes whatever a crash left between.
+Invariants: a document is 'ingesting' until its KV is stored, then 'ready' ('failed' when the KV
+could not be stored: kept, to be retried); a KV cache row is 'ready' only once all its files are
+renamed into place; deleting removes rows first (one transaction, with a deletion mark) and then
+files. `recover()` (run at open) removes only what it can account for: temporaries, documents that
+never became ready, the marked deletions, and KV folders of known documents that no row uses.
+Files of documents the database does not know are never deleted at open: a missing or damaged
+database is an error (`DatabaseError`), and `repair()` rebuilds it.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import sqlite3
 import threading
 import uuid
 from dataclasses import dataclass
@@ -27,8 +35,10 @@ from pathlib import Path
 import torch
 from sqlite_utils import Database
 
-from storage.db import connect
+from storage.db import connect, database_health
+from storage.errors import NO_SPACE, READ_ONLY, DatabaseError, ReadOnlyError
 from storage.kv_files import (
+    TMP_MARK,
     KVFileError,
     ShardInfo,
     StorageError,
@@ -41,7 +51,9 @@ from storage.kv_files import (
 logger = logging.getLogger(__name__)
 
 DB_FILE = "docqa.sqlite"
+BACKUP_FILE = "docqa.sqlite.bak"
 WRITERS_LOCK = ".writers.lock"
+UPLOAD_SUFFIXES = (".pdf", ".txt", ".md", ".markdown")
 DEFAULT_MAX_SHARD_BYTES = 2 << 30  # 2 GiB per KV file
 
 
@@ -124,38 +136,92 @@ class MessageRecord:
     created_at: str
 
 
-def _write_text_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+def write_atomically(path: Path, data: bytes | str) -> None:
+    """Writes `data` to `path` through a fsynced temporary file and a rename: a crash leaves the old
+    file or the new one, and a leftover temporary that recovery removes."""
+    tmp = _temporary_beside(path)
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_fsynced(tmp, data)
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        if exc.errno in (28, 122, 27):  # ENOSPC, EDQUOT, EFBIG
-            raise StorageFullError(f"no space left to store {path.name}: {exc.strerror}") from None
-        raise StorageError(f"cannot write {path}: {exc}") from exc
+        raise _storage_error(exc, path) from None
+
+
+def _temporary_beside(path: Path) -> Path:
+    return path.with_name(f"{path.name}{TMP_MARK}{uuid.uuid4().hex[:8]}")
+
+
+def _write_fsynced(path: Path, data: bytes | str) -> None:
+    with open(path, "wb") as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _storage_error(exc: OSError, path: Path) -> StorageError:
+    if exc.errno in NO_SPACE:
+        return StorageFullError(f"no space left to store {path.name}: {exc.strerror}")
+    if exc.errno in READ_ONLY:
+        return ReadOnlyError(f"the data folder is read-only: cannot write {path.name}")
+    return StorageError(f"cannot write {path}: {exc}")
+
+
+def _is_writable(folder: Path) -> bool:
+    """Whether files can be created in `folder` (False on a read-only mount, also for root)."""
+    return os.access(folder, os.W_OK)
 
 
 class DocumentStore:
-    """Metadata and files of documents and their KV caches. One SQLite connection per thread."""
+    """Metadata and files of documents and their KV caches. One SQLite connection per thread.
+
+    A data folder that cannot be written is opened read-only (`read_only`): documents can be
+    listed and asked from their stored KV; every change raises ReadOnlyError.
+    """
 
     def __init__(self, data_dir: str | Path, kv_budget_bytes: int | None = None,
                  max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
         self.root = Path(data_dir).expanduser().resolve()
-        try:
-            (self.root / "documents").mkdir(parents=True, exist_ok=True)
-            (self.root / "kv").mkdir(exist_ok=True)
-        except OSError as exc:
-            raise StorageError(f"cannot use the data folder {self.root}: {exc}") from exc
+        self.read_only = self.root.is_dir() and not _is_writable(self.root)
+        if not self.read_only:
+            try:
+                for sub in ("documents", "kv", "uploads"):
+                    (self.root / sub).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StorageError(f"cannot use the data folder {self.root}: {exc.strerror or exc}") from None
         self.kv_budget_bytes = kv_budget_bytes
         self.max_shard_bytes = max_shard_bytes
         self._local = threading.local()
         self._verified: set[str] = set()  # shard paths whose checksum this process has checked
         self._verified_lock = threading.Lock()
-        self.last_recovery = self.recover()
+        self._check_database()
+        self.last_recovery = {} if self.read_only else self.recover()
+
+    def _check_database(self) -> None:
+        """Refuses to open over a library whose database is gone or damaged: opening would make a new
+        empty database, and the library's files would then look like debris."""
+        path = self.root / DB_FILE
+        health = database_health(path)
+        if health.state == "ok":
+            return
+        held = self.stored_document_ids()
+        if health.state == "damaged":
+            raise DatabaseError(f"the library database {path} is damaged ({health.detail}). Nothing was changed. "
+                                f"Run `docqa repair --data-dir {self.root}` to rebuild it.")
+        if held:
+            raise DatabaseError(f"the library database {path} is {health.detail or 'missing'}, but {self.root} holds "
+                                f"the files of {len(held)} document(s). Nothing was changed. Run `docqa repair "
+                                f"--data-dir {self.root}` to rebuild it.")
+        if self.read_only:
+            raise ReadOnlyError(f"the data folder {self.root} is read-only and holds no library")
+
+    def stored_document_ids(self) -> set[str]:
+        """Document ids that have files in the data folder (text, original upload or KV)."""
+        ids = {p.name.split(".")[0] for p in (self.root / "documents").glob("*.txt")}
+        ids |= {p.name.split(".")[0] for p in (self.root / "uploads").glob("*") if TMP_MARK not in p.name}
+        kv = self.root / "kv"
+        ids |= {p.name for p in kv.iterdir() if p.is_dir()} if kv.is_dir() else set()
+        return {i for i in ids if i and not i.startswith(".")}
 
     # ---- connections and locks ---------------------------------------------------------------
 
@@ -163,46 +229,109 @@ class DocumentStore:
     def _writing(self):
         """Held (shared) by every writer of files, so that recovery in another process never
         mistakes a write in progress for debris."""
+        self.require_writable()
         with open(self.root / WRITERS_LOCK, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_SH)
             yield
+
+    def require_writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyError(f"the data folder {self.root} is read-only: documents can be listed and asked, "
+                                "not added, changed or deleted")
 
     @property
     def db(self) -> Database:
         db = getattr(self._local, "db", None)
         if db is None:
-            db = connect(self.root / DB_FILE)
+            db = connect(self.root / DB_FILE, read_only=self.read_only)
             self._local.db = db
         return db
+
+    def backup(self) -> None:
+        """Copies the database to BACKUP_FILE (SQLite's online backup: a consistent snapshot while
+        others write). Taken after every change to the library; a failure only logs."""
+        if self.read_only:
+            return
+        target = self.root / BACKUP_FILE
+        tmp = _temporary_beside(target)
+        try:
+            copy = sqlite3.connect(str(tmp))
+            try:
+                self.db.conn.backup(copy)
+            finally:
+                copy.close()
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except (OSError, sqlite3.Error) as exc:
+            tmp.unlink(missing_ok=True)
+            logger.warning("could not back up the library database: %s", exc)
+
+    def _compact_log(self) -> None:
+        """Folds the write-ahead log into the database and empties it: the log keeps old copies of
+        pages (a deleted document's text among them) until then."""
+        try:
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            logger.warning("could not checkpoint the library database: %s", exc)
 
     # ---- documents ---------------------------------------------------------------------------
 
     def add_document(self, doc_id: str, name: str, mime: str, size_bytes: int, text: str,
-                     pages: list[PageSpan]) -> tuple[DocumentRecord, bool]:
-        """Stores a document (text file, then rows in one transaction). Deduplicated by `doc_id`
-        (the content hash): an existing ready document is returned unchanged with False."""
+                     pages: list[PageSpan], status: str = "ready") -> tuple[DocumentRecord, bool]:
+        """Stores a document: text and description files, rows in one transaction. Deduplicated by
+        `doc_id` (the content hash): an existing ready document is returned unchanged with False; a
+        failed or unfinished one is replaced. `status` 'ingesting' until its KV is stored (then
+        `set_status`), so a crash before that leaves nothing that looks stored."""
         existing = self.get_document(doc_id)
         if existing is not None and existing.status == "ready":
             return existing, False
         now = _now()
         row = {"id": doc_id, "name": name, "mime": mime, "size_bytes": size_bytes, "page_count": len(pages),
-               "text_chars": len(text), "status": "ready", "error": None, "created_at": now, "updated_at": now}
-        with self._writing(), self.db.atomic():
-            _write_text_atomically(self._text_path(doc_id), text)
-            self.db.execute("DELETE FROM documents WHERE id = ?", [doc_id])  # a failed earlier attempt
-            self.db["documents"].insert(row)
-            self.db["pages"].insert_all(
-                [{"document_id": doc_id, "page_index": p.index, "label": p.label, "char_start": p.char_start,
-                  "char_end": p.char_end, "has_text": int(p.has_text)} for p in pages], batch_size=500)
+               "text_chars": len(text), "status": status, "error": None, "created_at": now, "updated_at": now}
+        about = {"name": name, "mime": mime, "size_bytes": size_bytes, "created_at": now,
+                 "pages": [p.__dict__ for p in pages]}
+        text_path, about_path = self._text_path(doc_id), self._about_path(doc_id)
+        # Temporaries first, renamed only once the rows are committed: a crash before the commit
+        # leaves temporaries (removed at open), after it a row that recovery accounts for.
+        staged = [(_temporary_beside(text_path), text_path, text),
+                  (_temporary_beside(about_path), about_path, json.dumps(about))]
+        with self._writing():
+            try:
+                for tmp, _, data in staged:
+                    _write_fsynced(tmp, data)
+                with self.db.atomic():
+                    self.db.execute("DELETE FROM documents WHERE id = ?", [doc_id])  # a failed earlier attempt
+                    self.db["documents"].insert(row)
+                    self.db["pages"].insert_all(
+                        [{"document_id": doc_id, "page_index": p.index, "label": p.label, "char_start": p.char_start,
+                          "char_end": p.char_end, "has_text": int(p.has_text)} for p in pages], batch_size=500)
+                for tmp, final, _ in staged:
+                    os.replace(tmp, final)
+            except OSError as exc:
+                raise _storage_error(exc, text_path) from None
+            finally:
+                for tmp, _, _ in staged:
+                    tmp.unlink(missing_ok=True)
+        if status == "ready":
+            self.backup()
         return self.get_document(doc_id), True
+
+    def set_status(self, doc_id: str, status: str, error: str | None = None) -> None:
+        """'ready' once its KV is stored; 'failed' (with the reason) when that could not be done."""
+        self.require_writable()
+        self.db.execute("UPDATE documents SET status = ?, error = ?, updated_at = ? WHERE id = ?",
+                        [status, error, _now(), doc_id])
+        self.backup()
 
     def get_document(self, doc_id: str) -> DocumentRecord | None:
         rows = list(self.db.query("SELECT * FROM documents WHERE id = ?", [doc_id]))
         return DocumentRecord(**rows[0]) if rows else None
 
-    def list_documents(self) -> list[DocumentRecord]:
+    def list_documents(self, statuses: tuple[str, ...] = ("ready",)) -> list[DocumentRecord]:
+        marks = ", ".join("?" * len(statuses))
         return [DocumentRecord(**r) for r in self.db.query(
-            "SELECT * FROM documents WHERE status = 'ready' ORDER BY created_at")]
+            f"SELECT * FROM documents WHERE status IN ({marks}) ORDER BY created_at", list(statuses))]
 
     def document_text(self, doc_id: str) -> str:
         try:
@@ -210,22 +339,57 @@ class DocumentStore:
         except FileNotFoundError:
             raise StorageError(f"the text of document {doc_id} is missing from {self.root}") from None
 
+    def has_text(self, doc_id: str) -> bool:
+        return self._text_path(doc_id).exists()
+
     def pages(self, doc_id: str) -> list[PageSpan]:
         return [PageSpan(r["page_index"], r["label"], r["char_start"], r["char_end"], bool(r["has_text"]))
                 for r in self.db.query("SELECT * FROM pages WHERE document_id = ? ORDER BY page_index", [doc_id])]
 
+    def keep_upload(self, doc_id: str, name: str, data: bytes) -> None:
+        """The original file, under a generated name inside the data folder (never served)."""
+        suffix = Path(name).suffix.lower()
+        target = self.root / "uploads" / f"{self._checked_id(doc_id)}{suffix if suffix in UPLOAD_SUFFIXES else ''}"
+        if not target.exists():
+            with self._writing():
+                write_atomically(target, data)
+
+    def uploads_of(self, doc_id: str) -> list[Path]:
+        return [p for p in (self.root / "uploads").glob(f"{self._checked_id(doc_id)}*") if TMP_MARK not in p.name]
+
     def delete_document(self, doc_id: str) -> bool:
-        """Deletes the rows (cascading to pages, caches, chunks) and then every file of the document."""
-        with self.db.atomic():
-            found = self.db.execute("DELETE FROM documents WHERE id = ?", [doc_id]).rowcount > 0
-        self._text_path(doc_id).unlink(missing_ok=True)
-        shutil.rmtree(self.root / "kv" / doc_id, ignore_errors=True)
+        """Deletes the rows (cascading to pages, caches, chunks) with a deletion mark in one
+        transaction, then every file of the document, then the mark; the log is emptied and the
+        backup retaken, so no copy of its text stays in the data folder."""
+        with self._writing():
+            with self.db.atomic():
+                found = self.db.execute("DELETE FROM documents WHERE id = ?", [doc_id]).rowcount > 0
+                if found:
+                    self.db.execute("INSERT OR REPLACE INTO deleted_documents VALUES (?, ?)", [doc_id, _now()])
+            self._remove_files_of(doc_id)
+            self.db.execute("DELETE FROM deleted_documents WHERE id = ?", [doc_id])
+        self._compact_log()
+        self.backup()
         return found
 
-    def _text_path(self, doc_id: str) -> Path:
-        if not doc_id or "/" in doc_id or doc_id.startswith("."):
+    def _remove_files_of(self, doc_id: str) -> None:
+        self._text_path(doc_id).unlink(missing_ok=True)
+        self._about_path(doc_id).unlink(missing_ok=True)
+        for upload in self.uploads_of(doc_id):
+            upload.unlink(missing_ok=True)
+        shutil.rmtree(self.root / "kv" / doc_id, ignore_errors=True)
+
+    @staticmethod
+    def _checked_id(doc_id: str) -> str:
+        if not doc_id or "/" in doc_id or doc_id.startswith(".") or "*" in doc_id or "?" in doc_id:
             raise ValueError(f"invalid document id {doc_id!r}")
-        return self.root / "documents" / f"{doc_id}.txt"
+        return doc_id
+
+    def _text_path(self, doc_id: str) -> Path:
+        return self.root / "documents" / f"{self._checked_id(doc_id)}.txt"
+
+    def _about_path(self, doc_id: str) -> Path:
+        return self.root / "documents" / f"{self._checked_id(doc_id)}.json"
 
     # ---- KV caches ---------------------------------------------------------------------------
 
@@ -294,6 +458,7 @@ class DocumentStore:
         with self._verified_lock:
             self._verified.update(s.path for s in shards)  # just written and hashed
         self.enforce_budget(keep=cache_id)
+        self.backup()
         return self.find_kv(key)
 
     def load_kv(self, record: KVCacheRecord, chunk_axis: dict[str, int],
@@ -318,7 +483,8 @@ class DocumentStore:
         return tensors
 
     def touch_kv(self, cache_id: int) -> None:
-        self.db.execute("UPDATE kv_caches SET last_used_at = ? WHERE id = ?", [_now(), cache_id])
+        if not self.read_only:  # the eviction order is the only thing a read changes
+            self.db.execute("UPDATE kv_caches SET last_used_at = ? WHERE id = ?", [_now(), cache_id])
 
     def chunks(self, cache_id: int) -> list[ChunkRecord]:
         return [ChunkRecord(r["ordinal"], r["token_start"], r["token_end"], r["char_start"], r["char_end"],
@@ -328,7 +494,7 @@ class DocumentStore:
     def mark_evicted(self, cache_id: int) -> None:
         """Removes a cache's files; its metadata (chunks) stays and it is re-prefilled on demand."""
         rows = list(self.db.query("SELECT folder FROM kv_caches WHERE id = ?", [cache_id]))
-        if not rows:
+        if not rows or self.read_only:  # read-only: the damaged files stay; nothing is answered from them
             return
         with self.db.atomic():
             self.db.execute("UPDATE kv_caches SET status = 'evicted', bytes = 0 WHERE id = ?", [cache_id])
@@ -354,11 +520,13 @@ class DocumentStore:
             evicted.append(row["id"])
         return evicted
 
-    # ---- crash recovery ----------------------------------------------------------------------
+    # ---- crash recovery and repair ----------------------------------------------------------
 
     def recover(self) -> dict[str, int]:
-        """Removes what an interrupted process left: temporary files, files no ready row refers to,
-        and documents that never became ready. Skipped while another process is writing."""
+        """Removes what an interrupted process left and the database accounts for: temporary files,
+        documents that never became ready, unfinished deletions, and KV folders of known documents
+        that no ready cache uses. Files of documents the database does not know are left alone
+        (`unaccounted` counts them; `repair` adopts them). Skipped while another process writes."""
         with open(self.root / WRITERS_LOCK, "a") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -369,24 +537,33 @@ class DocumentStore:
     def _recover_locked(self) -> dict[str, int]:
         stats = {"temporaries": remove_temporaries(self.root)}
         with self.db.atomic():
-            stale = self.db.execute("DELETE FROM documents WHERE status != 'ready'").rowcount
+            unfinished = [r["id"] for r in self.db.query("SELECT id FROM documents WHERE status = 'ingesting'")]
+            self.db.execute("DELETE FROM documents WHERE status = 'ingesting'")
             self.db.execute("UPDATE jobs SET state = 'failed', error = 'interrupted' WHERE state = 'running'")
-        stats["unfinished_documents"] = stale
+        deleted = [r["id"] for r in self.db.query("SELECT id FROM deleted_documents")]
+        for doc_id in unfinished + deleted:
+            self._remove_files_of(doc_id)
+        self.db.execute("DELETE FROM deleted_documents")
+        stats["unfinished_documents"] = len(unfinished)
+        stats["deletions_finished"] = len(deleted)
         known_docs = {r["id"] for r in self.db.query("SELECT id FROM documents")}
         live_folders = {r["folder"] for r in self.db.query("SELECT folder FROM kv_caches WHERE status = 'ready'")}
         orphans = 0
-        for text in (self.root / "documents").glob("*.txt"):
-            if text.stem not in known_docs:
-                text.unlink(missing_ok=True)
-                orphans += 1
         for doc_dir in (self.root / "kv").iterdir():
-            for folder in (doc_dir.iterdir() if doc_dir.is_dir() else []):
+            if not doc_dir.is_dir() or doc_dir.name not in known_docs:
+                continue
+            for folder in doc_dir.iterdir():
                 if f"kv/{doc_dir.name}/{folder.name}" not in live_folders:
                     shutil.rmtree(folder, ignore_errors=True)
                     orphans += 1
-            if doc_dir.is_dir() and not any(doc_dir.iterdir()):
+            if not any(doc_dir.iterdir()):
                 doc_dir.rmdir()
         stats["orphans"] = orphans
+        unaccounted = self.stored_document_ids() - known_docs
+        stats["unaccounted"] = len(unaccounted)
+        if unaccounted:
+            logger.warning("%d document(s) in %s have files but no database row; they are kept. "
+                           "`docqa repair` adds them back to the library.", len(unaccounted), self.root)
         if any(stats.values()):
             logger.info("storage recovery in %s: %s", self.root, stats)
         return stats
@@ -394,6 +571,7 @@ class DocumentStore:
     # ---- jobs (ingestion progress) -----------------------------------------------------------
 
     def start_job(self, name: str) -> int:
+        self.require_writable()
         now = _now()
         return self.db["jobs"].insert({"name": name, "stage": "queued", "fraction": 0.0, "state": "running",
                                        "error": None, "started_at": now, "updated_at": now}).last_pk

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import html
+import threading
 
 import gradio as gr
 
-from app.service import DocQA
+from app.service import DocQA, QuestionStopped
+from storage import StorageError
 from ui import inspect
 from ui.settings import SettingsInputs, to_params
 
@@ -36,22 +38,59 @@ def history_of(service: DocQA, conversation_id: str | None) -> list[dict]:
     return out
 
 
-def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_parts) -> None:
+class RunningQuestions:
+    """The questions each browser session has running, so that closing its tab cancels them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_session: dict[str, set[threading.Event]] = {}
+
+    def start(self, session: str) -> threading.Event:
+        cancel = threading.Event()
+        with self._lock:
+            self._by_session.setdefault(session, set()).add(cancel)
+        return cancel
+
+    def finish(self, session: str, cancel: threading.Event) -> None:
+        with self._lock:
+            self._by_session.get(session, set()).discard(cancel)
+            if not self._by_session.get(session):
+                self._by_session.pop(session, None)
+
+    def cancel_session(self, session: str) -> int:
+        with self._lock:
+            events = self._by_session.pop(session, set())
+        for event in events:
+            event.set()
+        return len(events)
+
+
+def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_parts):
+    """Connects the chat to the service. Returns the function that cancels a closed session's
+    questions (for the app's unload event) and the one that refreshes the conversation list."""
     conversation, new, chatbot, question, ask = parts
     scores, chosen, anchors, timings = inspect_parts
+    running = RunningQuestions()
 
-    def answer(q, history, doc_ids, conv_id, *setting_values):
+    def answer(q, history, doc_ids, conv_id, *setting_values, request: gr.Request):
         if not q or not q.strip():
             raise gr.Error("Type a question first.")
         doc_ids = list(doc_ids or []) or [d.record.id for d in service.documents()]  # none chosen: the library
         if not doc_ids:
             raise gr.Error("Add a document in the Library tab first.")
         params, chunk_size = to_params(service, *setting_values)
+        try:
+            q = service.check_question(q)
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
         history = list(history or []) + [{"role": "user", "content": q},
                                          {"role": "assistant", "content": "selecting chunks..."}]
         yield history, gr.update(), None, None, None, None, ""
+        session = getattr(request, "session_hash", None) or ""
+        cancel = running.start(session)
         try:
-            events = service.ask(q, list(doc_ids), params, conversation_id=conv_id or None, chunk_size=chunk_size)
+            events = service.ask(q, list(doc_ids), params, conversation_id=conv_id or None, chunk_size=chunk_size,
+                                 cancel=cancel)
             for event in events:
                 if event.kind == "step":
                     history[-1] = {"role": "assistant", "content": html.escape(event.partial)}
@@ -64,11 +103,17 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
                     if r.warning:
                         text += f"\n\n**Warning:** {html.escape(r.warning)}"
                     history[-1] = {"role": "assistant", "content": f"{text}\n\n*Sources: {cites}*"}
-                    yield (history, gr.update(choices=conversation_choices(service), value=r.conversation_id),
+                    yield (history, gr.update(choices=conversation_choices(service), value=r.conversation_id or None),
                            inspect.scores_frame(r), inspect.chosen_spans(service, r), inspect.anchors_figure(r),
                            r.timings, "")
-        except ValueError as exc:
+        except (ValueError, QuestionStopped, StorageError) as exc:
             raise gr.Error(str(exc)) from None
+        finally:  # also when Gradio closes this generator (the client went away)
+            cancel.set()
+            running.finish(session, cancel)
+
+    def cancel_closed_session(request: gr.Request) -> None:
+        running.cancel_session(getattr(request, "session_hash", None) or "")
 
     inputs = [question, chatbot, documents, conversation, *settings.components()]
     outputs = [chatbot, conversation, scores, chosen, anchors, timings, question]
@@ -76,3 +121,8 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
     question.submit(answer, inputs, outputs, api_visibility="private", concurrency_id="model")
     new.click(lambda: (None, []), None, [conversation, chatbot], api_visibility="private")
     conversation.change(lambda cid: history_of(service, cid), conversation, chatbot, api_visibility="private")
+
+    def refresh_conversations():
+        return gr.Dropdown(choices=conversation_choices(service))
+
+    return cancel_closed_session, (refresh_conversations, [conversation])

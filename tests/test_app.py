@@ -209,10 +209,7 @@ def _free_port() -> int:
 
 
 def _serve(service, tmp_path_factory):
-    import os
-
-    os.environ["GRADIO_TEMP_DIR"] = str(tmp_path_factory.mktemp("gradio"))
-    from ui.app import launch
+    from ui.app import launch  # uploads go to the service's own folder in its data folder
 
     port = _free_port()
     return launch(service, host="127.0.0.1", port=port, block=False), f"http://127.0.0.1:{port}/"

@@ -72,7 +72,7 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
     scores, chosen, anchors, timings = inspect_parts
     running = RunningQuestions()
 
-    def answer(q, history, doc_ids, conv_id, *setting_values, request: gr.Request):
+    def answer(request: gr.Request, q, history, doc_ids, conv_id, *setting_values):
         if not q or not q.strip():
             raise gr.Error("Type a question first.")
         doc_ids = list(doc_ids or []) or [d.record.id for d in service.documents()]  # none chosen: the library
@@ -123,6 +123,6 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
     conversation.change(lambda cid: history_of(service, cid), conversation, chatbot, api_visibility="private")
 
     def refresh_conversations():
-        return gr.Dropdown(choices=conversation_choices(service))
+        return (gr.Dropdown(choices=conversation_choices(service)),)
 
     return cancel_closed_session, (refresh_conversations, [conversation])

@@ -140,16 +140,48 @@ def test_a_deleted_encrypted_pdf_needs_its_password_again(tmp_path, bundled_serv
     assert service.documents() == []
 
 
+def _scanned_pdf() -> bytes:
+    pdf = FPDF()
+    pdf.add_page()
+    pdf.rect(20, 20, 100, 60)  # a drawing, no text layer
+    return bytes(pdf.output())
+
+
 def test_several_files_each_reported(tmp_path):
-    good, empty, binary, cut = (tmp_path / n for n in ("good.txt", "empty.md", "blob.txt", "cut.pdf"))
-    good.write_bytes(DOC_A)
-    empty.write_bytes(b"  \n")
-    binary.write_bytes(b"\x00\x01\x02" * 100)
-    cut.write_bytes(pdf_bytes(2)[:700])
-    res = cli("ingest", str(cut), str(empty), str(binary), str(good), "--data-dir", str(tmp_path / "d"),
-              "--device", "cpu")
+    files = {"cut.pdf": pdf_bytes(2)[:700], "empty.md": b"  \n", "blob.txt": b"\x00\x01\x02" * 100,
+             "latin.txt": "Caf\xe9 cr\xe8me, na\xefve fa\xe7ade.".encode("latin-1"), "scan.pdf": _scanned_pdf(),
+             "good.txt": DOC_A}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    res = cli("ingest", *(str(tmp_path / n) for n in files), "--data-dir", str(tmp_path / "d"), "--device", "cpu")
     no_traceback(res)
     assert res.returncode == 1 and "added: good.txt" in res.stdout
     for line in ("cut.pdf: the PDF is damaged", "empty.md: empty.md is empty", "blob.txt: blob.txt is a binary file",
-                 "3 of 4 files not added"):
+                 "latin.txt: latin.txt is neither a PDF nor UTF-8 text", "scan.pdf: the PDF has no text layer",
+                 "5 of 6 files not added"):
         assert line in res.stderr, res.stderr
+    listing = cli("list", "--data-dir", str(tmp_path / "d"), "--device", "cpu").stdout
+    assert [line.split()[1] for line in listing.splitlines()] == ["good.txt"]  # nothing else half-stored
+
+
+HOSTILE_NAMES = ["../../../etc/passwd", "..\\..\\boot.ini", "<img src=x onerror=alert(1)>.md", "a" * 400 + ".txt",
+                 ".hidden", "; rm -rf ~.txt", "\u202egnp.txt", ""]
+
+
+def test_hostile_names_are_reduced_to_safe_ones(tmp_path, bundled_service_factory):
+    data = tmp_path / "data"
+    service = bundled_service_factory(data)
+    stored = []
+    for i, name in enumerate(HOSTILE_NAMES):
+        info, added = service.ingest(text_doc(f"One of the special magic numbers for name-{i} is: {1000 + i}."), name)
+        assert added and "/" not in info.record.name and info.record.name
+        stored.append(info.record.id)
+    outside = {p for p in tmp_path.rglob("*") if not p.is_relative_to(data)}
+    assert outside == set()  # nothing written beside the data folder
+    assert all(len(p.name) < 80 for p in data.rglob("*"))  # stored under generated names only
+    every = [d.record.id for d in service.documents()]
+    for hostile in ("'); DROP TABLE documents; --", "<script>alert(1)</script>", "\x00\u202e\U0001f600 ?"):
+        assert isinstance(service.answer(hostile, every).answer, str)  # an answer, not a crash
+    assert len(service.documents()) == len(HOSTILE_NAMES)  # and the library is whole
+    question = "What is the special magic number for name-2 mentioned in the provided text?"
+    assert service.answer(question, [stored[2]]).answer == "1002"

@@ -32,6 +32,26 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
 
 
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+        return value
+    return parse
+
+
+def _add_question_limits(p: argparse.ArgumentParser) -> None:
+    """Overrides of ServiceConfig's limits (None keeps its defaults)."""
+    p.add_argument("--max-question-tokens", type=_positive(int), default=None,
+                   help="refuse longer questions (default 512)")
+    p.add_argument("--request-timeout", type=_positive(float), default=None,
+                   help="seconds a question may hold the model before it is stopped (default 300)")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="docqa", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
@@ -97,6 +117,7 @@ def _build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (never shared publicly)")
     sv.add_argument("--port", type=int, default=7860)
     sv.add_argument("--max-upload-mb", type=int, default=200)
+    _add_question_limits(sv)
 
     ing = sub.add_parser("ingest", help="add documents (PDF, TXT, Markdown) and prefill them")
     service_args(ing)
@@ -105,6 +126,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     ask = sub.add_parser("ask", help="ask a question about stored documents (names or ids)")
     service_args(ask)
+    _add_question_limits(ask)
     ask.add_argument("documents", nargs="+",
                      help="document names, ids or @collection names, then the question last")
 
@@ -265,8 +287,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _service(args: argparse.Namespace, **kw):
     from app.service import DocQA, ServiceConfig
 
+    limits = {"max_question_tokens": getattr(args, "max_question_tokens", None),
+              "request_timeout_s": getattr(args, "request_timeout", None)}
     return DocQA(ServiceConfig(data_dir=args.data_dir, model_dir=args.model or BUNDLED_MODEL, device=args.device,
-                               **kw))
+                               **kw, **{k: v for k, v in limits.items() if v is not None}))
 
 
 MIN_ID_PREFIX = 6  # shorter id prefixes are too easily typed by mistake (and "" matched every id)

@@ -1,19 +1,18 @@
 """Turning an uploaded file into text with page spans: PDF (pypdf), plain text and Markdown.
 
-Each page's text is normalised (ligatures, soft hyphens, words hyphenated across lines, runs of
-whitespace) and pages are joined with a blank line, so every character of the text belongs to a
-known page and chunks can cite page labels. PDF extraction runs in a child process with a time
-limit: a malformed file can hang or exhaust the parser without taking the app down.
+Each page's text is normalised (`app.pdf_text.normalize`: ligatures, soft hyphens, words
+hyphenated across lines, runs of whitespace) and pages are joined with a blank line, so every
+character of the text belongs to a known page and chunks can cite page labels. PDF extraction runs
+in a child process with a time limit (`app.pdf_text`): a malformed file can hang or exhaust the
+parser without taking the app down.
 Every failure is an `IngestError` with a code and a sentence a person understands; nothing is
 stored for a file that fails.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -21,14 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.pdf_text import normalize
 from storage import PageSpan
 
 PAGE_SEPARATOR = "\n\n"
-_LIGATURES = {"\ufb00": "ff", "\ufb01": "fi", "\ufb02": "fl", "\ufb03": "ffi", "\ufb04": "ffl", "\ufb05": "st",
-              "\ufb06": "st", "\u00ad": ""}
-_HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
-_SPACES = re.compile(r"[ \t\r\f\v\u00a0]+")
-_PARAGRAPH = re.compile(r"\n\s*\n+")
 
 
 class IngestError(ValueError):
@@ -43,17 +38,6 @@ class ExtractedDocument:
     pages: list[PageSpan]
     mime: str
     encrypted: bool = False  # a PDF opened with a password: its text is never memoised
-
-
-def normalize(text: str) -> str:
-    """Ligatures, soft hyphens, line-end hyphenation and whitespace; paragraphs kept as blank lines."""
-    for src, dst in _LIGATURES.items():
-        text = text.replace(src, dst)
-    text = _HYPHEN_BREAK.sub(r"\1\2", text)
-    text = _SPACES.sub(" ", text)
-    paragraphs = [" ".join(line.strip() for line in p.splitlines() if line.strip())
-                  for p in _PARAGRAPH.split(text)]
-    return "\n\n".join(p for p in paragraphs if p)
 
 
 def sniff_kind(data: bytes, name: str) -> str:
@@ -95,52 +79,13 @@ def extract_text_file(data: bytes, kind: str) -> ExtractedDocument:
     return ExtractedDocument(joined, pages, "text/markdown" if kind == "markdown" else "text/plain")
 
 
-def _pdf_page_texts(data: bytes, password: str | None, emit: Callable[[list], None]) -> None:
-    """Runs in the child process: emits ["progress", i, n] per page, then ["ok", texts, labels,
-    encrypted] or ["error", code, message]."""
-    try:
-        import pypdf
-        from pypdf.errors import DependencyError, FileNotDecryptedError, PdfReadError
-
-        try:
-            reader = pypdf.PdfReader(io.BytesIO(data))
-            encrypted = reader.is_encrypted
-            # An owner-password-only PDF opens with the empty user password; so does a password
-            # given for either of the two.
-            if encrypted and not reader.decrypt(password or ""):
-                emit(["error", "wrong_password" if password else "needs_password",
-                      "the PDF is encrypted and the password is wrong" if password else
-                      "the PDF is encrypted; give its password to open it"])
-                return
-            n = len(reader.pages)
-            labels = list(reader.page_labels) if n else []
-            texts = []
-            for i, page in enumerate(reader.pages):
-                texts.append(normalize(page.extract_text() or ""))
-                emit(["progress", i + 1, n])
-        except DependencyError as exc:
-            emit(["error", "unsupported_encryption",
-                  f"the PDF is encrypted in a way this installation cannot open ({exc}); "
-                  "reinstall with scripts/install.sh, which installs the cryptography package"])
-            return
-        except FileNotDecryptedError:
-            emit(["error", "needs_password", "the PDF is encrypted; give its password to open it"])
-            return
-        except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
-            emit(["error", "corrupt", f"the PDF is damaged or truncated and cannot be read ({exc})"])
-            return
-        emit(["ok", texts, labels, encrypted])
-    except Exception as exc:  # anything else in the parser: still a clear answer, never a crash
-        emit(["error", "corrupt", f"the PDF cannot be read ({type(exc).__name__}: {exc})"])
-
-
 def extract_pdf(data: bytes, password: str | None = None, timeout_s: float = 300.0,
                 progress: Callable[[int, int], None] | None = None) -> ExtractedDocument:
-    """Extracts a PDF in a child process (`python -m app.ingest`), killed after `timeout_s`."""
+    """Extracts a PDF in a child process (`python -m app.pdf_text`), killed after `timeout_s`."""
     env = dict(os.environ, DOCQA_PDF_PASSWORD=password or "")
     repo = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([repo, env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen([sys.executable, "-m", "app.ingest"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "app.pdf_text"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, env=env)
     timer = threading.Timer(timeout_s, proc.kill)
     timer.start()
@@ -189,11 +134,3 @@ def extract(data: bytes, name: str, max_bytes: int, password: str | None = None,
     if kind == "pdf":
         return extract_pdf(data, password, timeout_s, progress)
     return extract_text_file(data, kind)
-
-
-if __name__ == "__main__":  # the extraction child: PDF bytes on stdin, JSON lines on stdout
-    def _emit(msg: list) -> None:
-        sys.stdout.write(json.dumps(msg) + "\n")
-        sys.stdout.flush()
-
-    _pdf_page_texts(sys.stdin.buffer.read(), os.environ.get("DOCQA_PDF_PASSWORD") or None, _emit)

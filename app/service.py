@@ -181,9 +181,11 @@ class DocQA:
         doc_id = hashlib.sha256(data).hexdigest()
         existing = self.store.get_document(doc_id)
         added = existing is None or existing.status != "ready"
+        created = False  # whether this call stored the document (and so removes it if it fails)
         if existing is not None and existing.status == "failed" and self.store.has_text(doc_id):
             record = existing  # a retry: the text is stored, the KV is what failed
         elif added:
+            created = True
             say("extracting", 0.0)
             entry = self.memo.get("extracted", doc_id)  # the same bytes were extracted before
             if entry is None:
@@ -213,7 +215,7 @@ class DocQA:
             raise IngestError("storage", f"{name} was read but its KV cache could not be stored: {exc}. It is listed "
                                          "as failed; add it again to retry.") from None
         except BaseException:
-            if added:  # nothing half-stored: a new document goes again whole
+            if created:  # nothing half-stored: a new document goes again whole
                 self.kv.forget(doc_id)
                 self.store.delete_document(doc_id)
             raise
@@ -351,8 +353,8 @@ class DocQA:
             canvas = [None] * params.sampling.gen_length
             final: AnswerResult | None = None
             for event in self.engine.stream_answer(docs, question, params, interrupt_check=stop):
-                stop()
                 if isinstance(event, DecodeStep):
+                    stop()
                     for pos, tok in zip(event.positions, event.tokens, strict=True):
                         canvas[pos] = tok
                     yield AskEvent("step", partial=self._render(canvas))

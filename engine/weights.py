@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -248,7 +249,6 @@ def model_fingerprint(folder: str | Path, cache_file: str | Path | None = None) 
     (a file rewritten in place changes its ctime, whatever its mtime is set back to).
     """
     import hashlib
-    import json
 
     folder = Path(folder)
     cache = _read_digest_cache(cache_file)
@@ -269,7 +269,7 @@ def model_fingerprint(folder: str | Path, cache_file: str | Path | None = None) 
         h.update(f"{path.name}\0{st.st_size}\0{entry[4]}\0".encode())
     if changed and cache_file is not None:
         try:
-            tmp = Path(cache_file).with_name(Path(cache_file).name + ".tmp")
+            tmp = Path(cache_file).with_name(f"{Path(cache_file).name}.tmp-{os.getpid()}")
             tmp.write_text(json.dumps(cache))
             tmp.replace(cache_file)
         except OSError:  # a read-only folder: the digests are recomputed next time
@@ -278,8 +278,6 @@ def model_fingerprint(folder: str | Path, cache_file: str | Path | None = None) 
 
 
 def _read_digest_cache(cache_file: str | Path | None) -> dict[str, list]:
-    import json
-
     if cache_file is None:
         return {}
     try:

@@ -1,0 +1,79 @@
+"""Text of a PDF's pages, in a child process of its own (`python -m app.pdf_text`).
+
+A malformed file can hang or exhaust the parser; in a child it cannot take the app down, and the
+parent kills it after a time limit (`app.ingest.extract_pdf`). This module imports only pypdf, so
+the child starts in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import sys
+from collections.abc import Callable
+
+_LIGATURES = {"\ufb00": "ff", "\ufb01": "fi", "\ufb02": "fl", "\ufb03": "ffi", "\ufb04": "ffl", "\ufb05": "st",
+              "\ufb06": "st", "\u00ad": ""}
+_HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
+_SPACES = re.compile(r"[ \t\r\f\v\u00a0]+")
+_PARAGRAPH = re.compile(r"\n\s*\n+")
+
+
+def normalize(text: str) -> str:
+    """Ligatures, soft hyphens, line-end hyphenation and whitespace; paragraphs kept as blank lines."""
+    for src, dst in _LIGATURES.items():
+        text = text.replace(src, dst)
+    text = _HYPHEN_BREAK.sub(r"\1\2", text)
+    text = _SPACES.sub(" ", text)
+    paragraphs = [" ".join(line.strip() for line in p.splitlines() if line.strip())
+                  for p in _PARAGRAPH.split(text)]
+    return "\n\n".join(p for p in paragraphs if p)
+
+
+def _pdf_page_texts(data: bytes, password: str | None, emit: Callable[[list], None]) -> None:
+    """Runs in the child process: emits ["progress", i, n] per page, then ["ok", texts, labels,
+    encrypted] or ["error", code, message]."""
+    try:
+        import pypdf
+        from pypdf.errors import DependencyError, FileNotDecryptedError, PdfReadError
+
+        try:
+            reader = pypdf.PdfReader(io.BytesIO(data))
+            encrypted = reader.is_encrypted
+            # An owner-password-only PDF opens with the empty user password; so does a password
+            # given for either of the two.
+            if encrypted and not reader.decrypt(password or ""):
+                emit(["error", "wrong_password" if password else "needs_password",
+                      "the PDF is encrypted and the password is wrong" if password else
+                      "the PDF is encrypted; give its password to open it"])
+                return
+            n = len(reader.pages)
+            labels = list(reader.page_labels) if n else []
+            texts = []
+            for i, page in enumerate(reader.pages):
+                texts.append(normalize(page.extract_text() or ""))
+                emit(["progress", i + 1, n])
+        except DependencyError as exc:
+            emit(["error", "unsupported_encryption",
+                  f"the PDF is encrypted in a way this installation cannot open ({exc}); "
+                  "reinstall with scripts/install.sh, which installs the cryptography package"])
+            return
+        except FileNotDecryptedError:
+            emit(["error", "needs_password", "the PDF is encrypted; give its password to open it"])
+            return
+        except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            emit(["error", "corrupt", f"the PDF is damaged or truncated and cannot be read ({exc})"])
+            return
+        emit(["ok", texts, labels, encrypted])
+    except Exception as exc:  # anything else in the parser: still a clear answer, never a crash
+        emit(["error", "corrupt", f"the PDF cannot be read ({type(exc).__name__}: {exc})"])
+
+
+if __name__ == "__main__":  # PDF bytes on stdin, JSON lines on stdout
+    def _emit(msg: list) -> None:
+        sys.stdout.write(json.dumps(msg) + "\n")
+        sys.stdout.flush()
+
+    _pdf_page_texts(sys.stdin.buffer.read(), os.environ.get("DOCQA_PDF_PASSWORD") or None, _emit)

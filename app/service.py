@@ -167,7 +167,8 @@ class DocQA:
                 self.store.update_job(job, stage, frac)
 
         try:
-            result = self._ingest(data, name, password, chunk_size, say)
+            with self.store.writing():  # a document 'ingesting' here is not another process's debris
+                result = self._ingest(data, name, password, chunk_size, say)
         except BaseException as exc:
             self.store.finish_job(job, str(exc) or type(exc).__name__)
             raise
@@ -353,8 +354,9 @@ class DocQA:
             canvas = [None] * params.sampling.gen_length
             final: AnswerResult | None = None
             for event in self.engine.stream_answer(docs, question, params, interrupt_check=stop):
+                # A finished answer past the time budget is still given; a cancelled one never.
+                stop(budget=isinstance(event, DecodeStep))
                 if isinstance(event, DecodeStep):
-                    stop()
                     for pos, tok in zip(event.positions, event.tokens, strict=True):
                         canvas[pos] = tok
                     yield AskEvent("step", partial=self._render(canvas))
@@ -384,16 +386,17 @@ class DocQA:
             if cancel is not None and cancel.is_set():
                 raise QuestionStopped("the question was cancelled")
 
-    def _stopper(self, cancel: threading.Event | None) -> Callable[[], None]:
-        """Raises QuestionStopped once the question is cancelled or past its time budget."""
-        budget = self.config.request_timeout_s
-        deadline = time.monotonic() + budget
+    def _stopper(self, cancel: threading.Event | None) -> Callable[..., None]:
+        """Raises QuestionStopped once the question is cancelled or (with `budget`) past its time
+        budget."""
+        seconds = self.config.request_timeout_s
+        deadline = time.monotonic() + seconds
 
-        def stop() -> None:
+        def stop(budget: bool = True) -> None:
             if cancel is not None and cancel.is_set():
                 raise QuestionStopped("the question was cancelled")
-            if time.monotonic() > deadline:
-                raise QuestionStopped(f"the answer took longer than {budget:.0f} s and was stopped; "
+            if budget and time.monotonic() > deadline:
+                raise QuestionStopped(f"the answer took longer than {seconds:.0f} s and was stopped; "
                                       "choose fewer documents or ask a shorter question")
         return stop
 

@@ -226,9 +226,9 @@ class DocumentStore:
     # ---- connections and locks ---------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _writing(self):
-        """Held (shared) by every writer of files, so that recovery in another process never
-        mistakes a write in progress for debris."""
+    def writing(self):
+        """Held (shared) by every writer of files, and by an ingest from its first row to its last,
+        so that recovery in another process never mistakes work in progress for debris."""
         self.require_writable()
         with open(self.root / WRITERS_LOCK, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_SH)
@@ -296,7 +296,7 @@ class DocumentStore:
         # leaves temporaries (removed at open), after it a row that recovery accounts for.
         staged = [(_temporary_beside(text_path), text_path, text),
                   (_temporary_beside(about_path), about_path, json.dumps(about))]
-        with self._writing():
+        with self.writing():
             try:
                 for tmp, _, data in staged:
                     _write_fsynced(tmp, data)
@@ -351,7 +351,7 @@ class DocumentStore:
         suffix = Path(name).suffix.lower()
         target = self.root / "uploads" / f"{self._checked_id(doc_id)}{suffix if suffix in UPLOAD_SUFFIXES else ''}"
         if not target.exists():
-            with self._writing():
+            with self.writing():
                 write_atomically(target, data)
 
     def uploads_of(self, doc_id: str) -> list[Path]:
@@ -361,7 +361,7 @@ class DocumentStore:
         """Deletes the rows (cascading to pages, caches, chunks) with a deletion mark in one
         transaction, then every file of the document, then the mark; the log is emptied and the
         backup retaken, so no copy of its text stays in the data folder."""
-        with self._writing():
+        with self.writing():
             with self.db.atomic():
                 found = self.db.execute("DELETE FROM documents WHERE id = ?", [doc_id]).rowcount > 0
                 if found:
@@ -425,7 +425,7 @@ class DocumentStore:
             raise ValueError(f"{len(chunks)} chunk records for tensors with chunk counts {sizes}")
         meta = {"document_id": key.document_id, "model_fingerprint": key.model_fingerprint,
                 "chunk_size": str(key.chunk_size), "dtype": key.dtype, "chunking": key.chunking}
-        with self._writing():
+        with self.writing():
             return self._save_kv_locked(key, tensors, chunk_axis, chunks, num_tokens, meta)
 
     def _save_kv_locked(self, key, tensors, chunk_axis, chunks, num_tokens, meta) -> KVCacheRecord:

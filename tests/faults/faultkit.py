@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 import subprocess
 import sys
@@ -33,6 +34,20 @@ def cli(*args: str, timeout: float = 600, env: dict | None = None, **kw) -> subp
     return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env=os.environ | CLI_ENV | (env or {}), stdin=subprocess.DEVNULL,
                           **kw)
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    """`docqa ARGS` in this process: the same code as `cli`, without an interpreter and torch to
+    start for each call. `cli` is for what needs a process of its own (a kill, a resource limit)."""
+    from app.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def no_traceback(res: subprocess.CompletedProcess) -> None:

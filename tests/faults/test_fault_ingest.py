@@ -13,7 +13,7 @@ import time
 from datetime import datetime, timezone
 
 import pytest
-from faultkit import CLI_ENV, DOC_A, NEEDLE_Q, REPO, cli, library_files, no_traceback, text_doc
+from faultkit import CLI_ENV, DOC_A, NEEDLE_Q, REPO, cli, library_files, no_traceback, run, text_doc
 from fpdf import FPDF
 from pypdf import PdfReader, PdfWriter
 
@@ -61,11 +61,11 @@ def test_killed_ingest_leaves_nothing_half_stored(library, tmp_path, stage):
     assert proc.poll() is None, f"the ingest ended before reaching {stage}"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    listing = cli("list", "--data-dir", str(data), "--device", "cpu")  # recovery runs at open
+    listing = run("list", "--data-dir", str(data), "--device", "cpu")  # recovery runs at open
     assert "long.pdf" not in listing.stdout and "a.txt" in listing.stdout, listing.stdout
     assert library_files(data) == before  # the half document is gone, the others untouched
     assert not list(data.rglob("*.tmp-*"))
-    again = cli("ingest", str(pdf), "--data-dir", str(data), "--device", "cpu")
+    again = run("ingest", str(pdf), "--data-dir", str(data), "--device", "cpu")
     assert again.returncode == 0 and "added: long.pdf" in again.stdout, again.stdout + again.stderr
 
 
@@ -87,7 +87,7 @@ def test_full_disk_marks_the_document_failed_and_spares_other_questions(library,
     assert res.returncode == 1 and "big.txt" in res.stderr and "no space left" in res.stderr, res.stderr
     assert "added: small.txt" in res.stdout  # the files after the failed one are still added
     assert "1 of 2 files not added" in res.stderr
-    listing = cli("list", "--data-dir", str(data), "--device", "cpu").stdout
+    listing = run("list", "--data-dir", str(data), "--device", "cpu").stdout
     assert "big.txt" in listing and "FAILED" in listing and "add it again to retry" in listing
     service = bundled_service_factory(data)
     askable = {d.record.name for d in service.documents()}
@@ -153,14 +153,14 @@ def test_several_files_each_reported(tmp_path):
              "good.txt": DOC_A}
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
-    res = cli("ingest", *(str(tmp_path / n) for n in files), "--data-dir", str(tmp_path / "d"), "--device", "cpu")
+    res = run("ingest", *(str(tmp_path / n) for n in files), "--data-dir", str(tmp_path / "d"), "--device", "cpu")
     no_traceback(res)
     assert res.returncode == 1 and "added: good.txt" in res.stdout
     for line in ("cut.pdf: the PDF is damaged", "empty.md: empty.md is empty", "blob.txt: blob.txt is a binary file",
                  "latin.txt: latin.txt is neither a PDF nor UTF-8 text", "scan.pdf: the PDF has no text layer",
                  "5 of 6 files not added"):
         assert line in res.stderr, res.stderr
-    listing = cli("list", "--data-dir", str(tmp_path / "d"), "--device", "cpu").stdout
+    listing = run("list", "--data-dir", str(tmp_path / "d"), "--device", "cpu").stdout
     assert [line.split()[1] for line in listing.splitlines()] == ["good.txt"]  # nothing else half-stored
 
 

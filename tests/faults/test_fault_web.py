@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from faultkit import CLI_ENV, DOC_A, NEEDLE_Q, REPO, cli, text_doc
+from faultkit import CLI_ENV, DOC_A, NEEDLE_Q, REPO, run, text_doc
 
 SLOW_DOC = text_doc("One of the special magic numbers for violet-moth is: 3141592.", repeats=120)  # ~40 chunks
 ASK_SETTINGS = [4, 128, 0, 64, 0.9, "static", "threshold", 0.8]  # the Settings panel's inputs, in order
@@ -156,7 +156,7 @@ def test_a_path_outside_the_uploads_cannot_be_ingested(server, client):
 def test_documents_added_while_serving_can_be_asked_by_id(server, client, tmp_path):
     late = tmp_path / "late.txt"
     late.write_bytes(text_doc("One of the special magic numbers for late-lark is: 5550123."))
-    res = cli("ingest", str(late), "--data-dir", str(server["data"]), "--device", "cpu")
+    res = run("ingest", str(late), "--data-dir", str(server["data"]), "--device", "cpu")
     assert res.returncode == 0, res.stderr
     doc_id = next(d["id"] for d in client.predict(api_name="/list_documents") if d["name"] == "late.txt")
     final = client.predict(NEEDLE_Q.replace("amber-falcon", "late-lark"), [], [doc_id], None, *ASK_SETTINGS,
@@ -215,7 +215,7 @@ def test_a_reload_shows_the_library_as_it_is_now(server, tmp_path):
         expect(page.locator("#documents")).to_contain_text("a.txt", timeout=60_000)
         fresh = tmp_path / "added-meanwhile.txt"
         fresh.write_bytes(text_doc("One of the special magic numbers for rain-wren is: 1212121."))
-        assert cli("ingest", str(fresh), "--data-dir", str(server["data"]), "--device", "cpu").returncode == 0
+        assert run("ingest", str(fresh), "--data-dir", str(server["data"]), "--device", "cpu").returncode == 0
         page.reload()
         expect(page.locator("#documents")).to_contain_text("added-meanwhile.txt", timeout=60_000)
         expect(page.locator("#chat-documents")).to_contain_text("added-meanwhile.txt", timeout=60_000)

@@ -16,6 +16,7 @@ held-out family, paraphrase or framing can reach a training sample.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -38,7 +39,7 @@ place | {S} closes at {v} on weekdays. | When does {s} close on weekdays? | Unti
 place | The manager of {s} is {v}. | Who is the manager of {s}? | Who runs {s}? | person
 place | {S} can hold up to {v} people. | How many people can {s} hold? | What is the capacity of {s}? | count
 place | The phone extension for {s} is {v}. | What is the phone extension for {s}? | Which extension do I dial to reach {s}? | code
-place | {S} was built in {v}. | When was {s} built? | How old is {s}; in which year did construction finish? | year
+place | {S} was built in {v}. | When was {s} built? | How old is {s}: in which year was it finished? | year
 place | The floor area of {s} is {v} square metres. | What is the floor area of {s}? | How big is {s} in square metres? | count
 place | Deliveries to {s} go through gate {v}. | Which gate do deliveries to {s} use? | Where should a lorry enter to drop goods at {s}? | small
 place | The fire marshal for {s} is {v}. | Who is the fire marshal for {s}? | Who is responsible for fire safety at {s}? | person
@@ -70,7 +71,7 @@ event | {S} is held on {v}. | When is {s} held? | On what day can I go to {s}? |
 event | {S} takes place in {v}. | Where does {s} take place? | In which town is {s}? | city
 event | Tickets for {s} cost {v}. | How much do tickets for {s} cost? | What is the price of entry to {s}? | money
 event | The organiser of {s} is {v}. | Who organises {s}? | Who is behind {s}? | person
-event | {S} was first held in {v}. | When was {s} first held? | How long ago did {s} start; in which year? | year
+event | {S} was first held in {v}. | When was {s} first held? | How long ago did {s} start: in which year? | year
 event | {S} lasts {v} days. | How many days does {s} last? | How long does {s} go on for? | small
 event | The main speaker at {s} is {v}. | Who is the main speaker at {s}? | Who gives the keynote at {s}? | person
 event | About {v} visitors come to {s} each year. | How many visitors come to {s} each year? | How big is the crowd at {s}? | count
@@ -102,7 +103,7 @@ service | The option that makes {s} print more is {v}. | Which option makes {s} 
 service | {S} rotates its log after {v} days. | After how many days does {s} rotate its log? | How long does {s} keep one log file? | small
 service | The default timeout of {s} is {v} milliseconds. | What is the default timeout of {s}? | How many milliseconds does {s} wait by default? | count
 organisation | The director of {s} is {v}. | Who is the director of {s}? | Who heads {s}? | person
-organisation | {S} was founded in {v}. | When was {s} founded? | How old is {s}; since which year has it existed? | year
+organisation | {S} was founded in {v}. | When was {s} founded? | How old is {s}: since which year has it existed? | year
 organisation | {S} has its head office in {v}. | Where is the head office of {s}? | In which city is {s} based? | city
 organisation | {S} has {v} members. | How many members does {s} have? | How large is the membership of {s}? | count
 organisation | The treasurer of {s} is {v}. | Who is the treasurer of {s}? | Who looks after the money of {s}? | person
@@ -191,7 +192,7 @@ account | {S} is closed on {v}. | When will {s} be closed? | On what date does {
 animal | {S} eats {v}. | What does {s} eat? | What is {s} fed? | food
 animal | {S} weighs {v} kilograms. | How much does {s} weigh? | How heavy is {s}? | count
 animal | The keeper of {s} is {v}. | Who is the keeper of {s}? | Who looks after {s}? | person
-animal | {S} was born in {v}. | When was {s} born? | How old is {s}; in which year was it born? | year
+animal | {S} was born in {v}. | When was {s} born? | How old is {s}: in which year was it born? | year
 animal | {S} lives in enclosure {v}. | Which enclosure does {s} live in? | Where can I see {s}? | small
 animal | {S} came from {v}. | Where did {s} come from? | Where was {s} before it arrived here? | city
 animal | The vet of {s} is {v}. | Who is the vet of {s}? | Which doctor treats {s}? | person
@@ -220,6 +221,11 @@ document | {S} is classified as {v}. | How is {s} classified? | What is the secu
 document | {S} was last revised in {v}. | When was {s} last revised? | In which year was {s} updated last? | year
 document | The penalty in {s} is {v}. | What is the penalty in {s}? | How much must be paid for breaking {s}? | money
 document | {S} covers {v}. | What does {s} cover? | What is {s} about? | goods
+plant | {S} flowers in {v}. | When does {s} flower? | In which month does {s} bloom? | month
+plant | {S} grows up to {v} centimetres tall. | How tall does {s} grow? | What height can {s} reach? | count
+plant | {S} needs water every {v} days. | How often does {s} need water? | How many days can {s} go between waterings? | small
+plant | {S} was planted by {v}. | Who planted {s}? | Whose hands put {s} in the ground? | person
+plant | {S} was brought here from {v}. | Where was {s} brought from? | What is the origin of {s}? | country
 """
 
 _LIST_FAMILIES = """
@@ -231,6 +237,9 @@ organisation | The board of {s} is {v}. | Who is on the board of {s}? | Who sits
 vessel | {S} calls at {v}. | Which ports does {s} call at? | Where does {s} stop on its voyage? | cities
 product | {S} is sold in {v}. | Which colours is {s} sold in? | In what colours can I get {s}? | colours
 dish | {S} is made with {v}. | What is {s} made with? | Which ingredients go into {s}? | foods
+route | The {s} stops at {v}. | Where does the {s} stop? | Which stations does the {s} serve? | places
+person | The children of {s} are {v}. | Who are the children of {s}? | What are the names of the kids of {s}? | persons
+service | {S} depends on {v}. | What does {s} depend on? | Which packages must be installed for {s}? | packages
 """
 
 
@@ -248,7 +257,7 @@ class Family:
         return self.value_kind in LIST_KINDS
 
 
-LIST_KINDS = ("persons", "companies", "bands", "formats", "cities", "colours", "foods")
+LIST_KINDS = ("persons", "companies", "bands", "formats", "cities", "colours", "foods", "places", "packages")
 
 
 def _parse(table: str) -> list[Family]:
@@ -298,7 +307,8 @@ def split() -> Split:
     rng.shuffle(order)
     n_held = round(HELD_OUT_FAMILY_SHARE * len(every))
     held = set(order[:n_held])
-    return Split(tuple(f for i, f in enumerate(every) if i not in held), tuple(f for i, f in enumerate(every) if i in held),
+    return Split(tuple(f for i, f in enumerate(every) if i not in held),
+                 tuple(f for i, f in enumerate(every) if i in held),
                  tuple(f for f in FRAMINGS if f not in HELD_OUT_FRAMINGS), HELD_OUT_FRAMINGS)
 
 
@@ -306,3 +316,198 @@ def frame(question: str, framing: str) -> str:
     """The question put in a framing ("Tell me {ql}": "Tell me what is the ...")."""
     lowered = question[0].lower() + question[1:]
     return framing.format(q=question, ql=lowered)
+
+
+# ---- subjects and values ---------------------------------------------------------------------------
+
+_NAMES = ("Tarn Velda Orrin Marsh Keld Ashby Brenna Corrow Dunmore Elsk Farrow Galloway Hesk Ivel Jarrow Kestle "
+          "Lindum Morwen Nessa Oakham Pellow Quarne Rossel Skelby Thorne Ulla Vantor Wenlock Yarrow Zenna").split()
+_FIRST = ("Ines Odile Tomas Priya Kofi Mara Henrik Aiko Lucia Dmitri Fatima Owen Greta Ravi Selma Jonas Amara "
+          "Felix Noor Viktor Leila Bruno Hana Caleb Ingrid Mateo Yara Emil Sofia Arjun").split()
+_LAST = ("Varga Okafor Lindqvist Moreau Tanaka Castillo Brennan Haddad Novak Ferreira Kowalski Ng Abara Dahl "
+         "Rossi Mensah Sato Petrov Quinn Alvarez Becker Iyer Larsen Osei Duarte Kaur Holm Silva Reyes Farouk").split()
+_SUBJECT_NOUNS = {
+    "place": "warehouse depot archive workshop lab pavilion boathouse library garage clinic".split(),
+    "project": "bridge tunnel dam pier railway school harbour canal tower reservoir".split(),
+    "event": "lantern festival|book fair|harvest market|regatta|film festival|chess open|music week|"
+             "craft fair|kite festival|science night".split("|"),
+    "service": None, "organisation": "society|cooperative|institute|guild|trust|club|foundation|union".split("|"),
+    "vessel": None, "product": "kettle|lamp|drill|scanner|router|speaker|heater|blender|camera|scale".split("|"),
+    "person": None, "route": "bus line|tram line|ferry route|night bus|shuttle|coach service".split("|"),
+    "account": "savings account|expense account|reserve fund|travel account|payroll account".split("|"),
+    "animal": "tortoise|otter|parrot|camel|lynx|goat|heron|pony|seal|owl".split("|"),
+    "dish": "stew|pie|soup|tart|bread|curry|salad|pudding|risotto|flatbread".split("|"),
+    "document": "lease|contract|permit|report|charter|agreement|survey|licence|treaty|manual".split("|"),
+    "plant": "oak|rose|fern|vine|cedar|lily|maple|orchid|cactus|willow".split("|"),
+}
+_DIRECTIONS = "north south east west upper lower old new".split()
+
+
+def subject(kind: str, rng: random.Random) -> str:
+    """A subject of `kind`, with its article where it takes one: "the north warehouse", "Ines Varga"."""
+    name = rng.choice(_NAMES)
+    if kind == "person":
+        return f"{rng.choice(_FIRST)} {rng.choice(_LAST)}"
+    if kind == "service":
+        return f"{name.lower()}{rng.choice(['d', '-server', 'ctl', '-sync', 'mon'])}"
+    if kind == "vessel":
+        return f"the {rng.choice(['MV', 'SS', 'RV'])} {name}"
+    noun = rng.choice(_SUBJECT_NOUNS[kind])
+    if kind == "place":
+        return f"the {rng.choice(_DIRECTIONS + [name])} {noun}"
+    if kind == "route":
+        return f"{name} {noun}"  # the family's templates say "the {s}"
+    return f"the {name} {noun}"
+
+
+_WORDS = ("amber cobalt juniper saffron granite falcon meadow harbour lantern orchid thistle quartz willow "
+          "ember glacier marigold tundra velvet canyon sparrow").split()
+_CITIES = "Lisbon Tromso Porto Gdansk Valencia Bergen Cork Malmo Split Tartu Ghent Lyon Turin Leeds Kiel".split()
+_COUNTRIES = "Portugal Norway Poland Spain Ireland Sweden Croatia Estonia Belgium France Italy Kenya Chile".split()
+_COMPANIES = ("Halden Works|Marsh & Keld|Northline Ltd|Corrow Brothers|Ivel Group|Pellow Engineering|Skelby Trust|"
+              "Ashby Bank|Quarne Shipyard|Oakham Foods").split("|")
+_COLOURS = "red blue green yellow white black grey orange purple teal".split()
+_FOODS = "lentils|barley|salmon|chickpeas|apples|mushrooms|rye|honey|spinach|walnuts|carrots|goat cheese".split("|")
+_MONTHS = ("January February March April May June July August September October November December").split()
+_WEEKDAYS = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split()
+_JOBS = "a pilot|a nurse|an electrician|a baker|a surveyor|a translator|a ferry captain|a librarian".split("|")
+_LANGS = "Portuguese Norwegian Polish Swahili Finnish Greek Tamil Basque".split()
+_CODE_LANGS = "C|Rust|Go|Python|OCaml|Haskell|Java|Lua".split("|")
+_LICENCES = "the MIT licence|the GPL version 3|the Apache licence 2.0|the BSD 3-clause licence|the MPL 2.0".split("|")
+_FORMATS = "PDF|CSV|JSON|XML|PNG|TIFF|Markdown|YAML".split("|")
+_PACKAGES = "libssl3|zlib1g|libsqlite3-0|libxml2|libcurl4|libyaml-0-2|liblzma5".split("|")
+_BANDS = "The Gulls|Night Ferry|Copper Kettle|Slow Tide|The Lanterns|North Wind|Paper Boats".split("|")
+_PLACES = "the main hall|the old mill|the east gate|the river quay|the town square|the glass house".split("|")
+
+
+def value(kind: str, rng: random.Random) -> str:
+    """A value of `kind`: "31548" for a code, "14 March 2019" for a date, three names for a list."""
+    if kind in LIST_KINDS:
+        single = {"persons": "person", "companies": "company", "cities": "city", "colours": "colour",
+                  "foods": "food"}.get(kind)
+        pool = {"bands": _BANDS, "formats": _FORMATS, "places": _PLACES, "packages": _PACKAGES}.get(kind)
+        items: list[str] = []
+        while len(items) < 3:
+            item = value(single, rng) if single else rng.choice(pool)
+            if item not in items:
+                items.append(item)
+        return f"{items[0]}, {items[1]} and {items[2]}"
+    simple = {
+        "code": lambda: str(rng.randint(10000, 99999)), "count": lambda: str(rng.randint(120, 9800)),
+        "small": lambda: str(rng.randint(2, 60)), "year": lambda: str(rng.randint(1890, 2025)),
+        "date": lambda: f"{rng.randint(1, 28)} {rng.choice(_MONTHS)} {rng.randint(1950, 2030)}",
+        "time": lambda: f"{rng.randint(5, 11)}:{rng.choice(['00', '15', '30', '45'])} {rng.choice(['am', 'pm'])}",
+        "money": lambda: f"{rng.randint(2, 950) * 10:,} euros", "percent": lambda: str(rng.randint(3, 97)),
+        "person": lambda: f"{rng.choice(_FIRST)} {rng.choice(_LAST)}", "city": lambda: rng.choice(_CITIES),
+        "country": lambda: rng.choice(_COUNTRIES), "company": lambda: rng.choice(_COMPANIES),
+        "colour": lambda: rng.choice(_COLOURS), "food": lambda: rng.choice(_FOODS), "word": lambda: rng.choice(_WORDS),
+        "month": lambda: rng.choice(_MONTHS), "weekday": lambda: rng.choice(_WEEKDAYS), "job": lambda: rng.choice(_JOBS),
+        "language": lambda: rng.choice(_LANGS + _CODE_LANGS), "licence": lambda: rng.choice(_LICENCES),
+        "port": lambda: str(rng.choice([rng.randint(1024, 9999), rng.randint(10000, 65000)])),
+        "version": lambda: f"{rng.randint(0, 9)}.{rng.randint(0, 30)}.{rng.randint(0, 12)}",
+        "path": lambda: f"/{rng.choice(['etc', 'var/lib', 'var/log', 'srv'])}/{rng.choice(_WORDS)}"
+                        f"{rng.choice(['.conf', '.log', '/main.toml', '.ini'])}",
+        "command": lambda: f"{rng.choice(_WORDS)}ctl start --{rng.choice(['now', 'quiet', 'daemon'])}",
+        "envvar": lambda: f"{rng.choice(_WORDS).upper()}_{rng.choice(['HOME', 'DATA_DIR', 'STATE', 'ROOT'])}",
+        "address": lambda: f"127.0.{rng.randint(0, 9)}.{rng.randint(1, 254)}",
+        "option": lambda: f"--{rng.choice(['verbose', 'debug', 'trace', 'loud', 'chatty'])}",
+        "callsign": lambda: f"{rng.choice('KLMNOPQ')}{rng.choice('ABCDEFGH')}{rng.randint(100, 999)}",
+        "email": lambda: f"{rng.choice(_FIRST).lower()}.{rng.choice(_LAST).lower()}@{rng.choice(_WORDS)}.example",
+        "battery": lambda: rng.choice(["AA", "AAA", "9-volt", "CR2032", "18650"]),
+        "goods": lambda: rng.choice(["grain", "timber", "spare parts", "wool", "salt", "olive oil", "water rights"]),
+        "place": lambda: rng.choice(_PLACES),
+    }
+    if kind not in simple:
+        raise ValueError(f"no values of kind {kind!r}")
+    return simple[kind]()
+
+
+@dataclass(frozen=True)
+class Fact:
+    family: Family
+    subject: str
+    value: str
+
+    @property
+    def sentence(self) -> str:
+        text = self.family.fact.replace("{S}", self.subject[0].upper() + self.subject[1:])
+        return text.replace("{s}", self.subject).replace("{v}", self.value)
+
+    def question(self, wording: str) -> str:
+        return wording.replace("{s}", self.subject)
+
+
+def draw_fact(family: Family, rng: random.Random) -> Fact:
+    return Fact(family, subject(family.subject_kind, rng), value(family.value_kind, rng))
+
+
+# ---- lookup samples: facts placed in real text --------------------------------------------------------
+
+@dataclass(frozen=True)
+class LookupSample:
+    """A document (real text with facts placed in it) and one question about it."""
+    document: str
+    question: str
+    answer: str  # the value, or NOT_FOUND
+    family: str  # the asked family's id
+    wording: str  # "plain" | "paraphrase"
+    framing: str
+    depth: float  # where the asked fact sits, 0 (start) to 1 (end); -1 when not in the document
+    held_out: str = ""  # what of it training never saw: "family", "paraphrase" or "framing"
+
+
+def place_facts(paragraphs: list[str], facts: list[Fact], depths: list[float]) -> str:
+    """The paragraphs with each fact's sentence appended to the paragraph at its depth."""
+    out = list(paragraphs)
+    for fact, depth in zip(facts, depths, strict=True):
+        at = min(int(depth * len(out)), len(out) - 1)
+        out[at] = f"{out[at]} {fact.sentence}"
+    return "\n\n".join(out)
+
+
+def lookup_sample(paragraphs: list[str], families_: list[Family], wordings: dict[str, tuple[str, ...]],
+                  framings: tuple[str, ...], rng: random.Random, distractors: int = 2,
+                  answerable: bool = True) -> LookupSample:
+    """One question about one fact in real text, with `distractors` facts of other families beside it
+    (and one of the same family about another subject, so the subject has to be read). Unanswerable:
+    the asked subject is not in the document (its family's facts about other subjects are)."""
+    family = rng.choice(families_)
+    asked = draw_fact(family, rng)
+    same_family_other = draw_fact(family, rng)
+    while same_family_other.subject == asked.subject:
+        same_family_other = draw_fact(family, rng)
+    others = [draw_fact(rng.choice(families_), rng) for _ in range(distractors)]
+    placed = ([asked] if answerable else []) + [same_family_other] + others
+    depths = [rng.random() for _ in placed]
+    wording_text = rng.choice(wordings[family.id])
+    wording = "plain" if wording_text == family.question else "paraphrase"
+    framing = rng.choice(framings)
+    return LookupSample(document=place_facts(paragraphs, placed, depths),
+                        question=frame(asked.question(wording_text), framing),
+                        answer=asked.value if answerable else NOT_FOUND, family=family.id, wording=wording,
+                        framing=framing, depth=depths[0] if answerable else -1.0)
+
+
+def held_out_samples(paragraph_pool: list[list[str]], n: int, seed: int, no_answer_share: float = 0.0
+                     ) -> list[LookupSample]:
+    """The held-out lookup set, in held-out framings always: a third of the questions about held-out
+    families (any wording), the rest about training families, in a held-out paraphrase where the
+    family has one, else in a training wording (the framing alone is then new)."""
+    sp = split()
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        if i % 3 == 0:
+            pool, kind = list(sp.held_out_families), "family"
+            wordings = {f.id: sp.held_out_wordings(f) for f in pool}
+        else:
+            pool = list(sp.train_families)
+            wordings = {f.id: sp.held_out_wordings(f) or sp.train_wordings(f) for f in pool}
+            kind = ""
+        sample = lookup_sample(rng.choice(paragraph_pool), pool, wordings, sp.held_out_framings, rng,
+                               answerable=rng.random() >= no_answer_share)
+        if not kind:
+            family = next(f for f in pool if f.id == sample.family)
+            kind = "paraphrase" if sp.held_out_wordings(family) else "framing"
+        out.append(dataclasses.replace(sample, held_out=kind))
+    return out

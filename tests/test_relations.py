@@ -1,0 +1,86 @@
+"""Relation families and their fixed split: nothing held out can reach a training sample."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+
+from training.relations import (
+    FRAMINGS,
+    HELD_OUT_FRAMINGS,
+    LIST_KINDS,
+    NOT_FOUND,
+    draw_fact,
+    families,
+    frame,
+    held_out_samples,
+    split,
+)
+
+PARAGRAPHS = [f"Paragraph {i} of a real manual describes the options of a program and its files." for i in range(40)]
+
+
+def test_at_least_200_families_each_well_formed():
+    every = families()
+    assert len(every) >= 200 and len({f.id for f in every}) == len(every)
+    assert sum(f.is_list for f in every) >= 8
+    for f in every:
+        assert "{v}" in f.fact and ("{s}" in f.fact or "{S}" in f.fact), f.id
+        assert all("{s}" in q for q in (f.question, *f.paraphrases)), f.id
+        assert f.paraphrases, f.id
+
+
+def test_the_split_is_fixed_and_by_kind():
+    a, b = split(), split()
+    assert a == b
+    held = sorted(f.id for f in a.held_out_families)
+    assert len(held) >= 40 and not set(held) & {f.id for f in a.train_families}
+    # A change to the table or the seed changes the held-out set: the model card names this digest.
+    assert hashlib.sha256(",".join(held).encode()).hexdigest()[:12] == "208ecd665003"
+    assert set(a.train_framings).isdisjoint(HELD_OUT_FRAMINGS) and set(a.train_framings) | set(HELD_OUT_FRAMINGS) \
+        == set(FRAMINGS)
+    for f in a.train_families:
+        assert set(a.train_wordings(f)).isdisjoint(a.held_out_wordings(f))
+    for f in a.held_out_families:
+        assert a.held_out_wordings(f) == (f.question, *f.paraphrases)
+
+
+def test_values_are_spans_of_their_fact():
+    rng = random.Random(0)
+    for f in families():
+        for _ in range(5):
+            fact = draw_fact(f, rng)
+            assert fact.value in fact.sentence and fact.sentence[0].isupper(), (f.id, fact.sentence)
+            assert f.value_kind not in LIST_KINDS or fact.value.count(",") == 1 and " and " in fact.value
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", text.lower())) - {"the", "of", "is", "a", "s", "v", "what", "which", "who"}
+
+
+def test_paraphrases_share_fewer_words_with_the_fact():
+    every = families()
+    plain = sum(len(_words(f.question) & _words(f.fact)) for f in every) / len(every)
+    para = sum(len(_words(p) & _words(f.fact)) for f in every for p in f.paraphrases) / sum(len(f.paraphrases)
+                                                                                              for f in every)
+    assert para < 0.6 * plain
+
+
+def test_held_out_samples_ask_only_held_out_wordings():
+    sp = split()
+    samples = held_out_samples([PARAGRAPHS], 300, seed=5, no_answer_share=0.2)
+    train_framings = set(sp.train_framings)
+    for s in samples:
+        assert s.framing in HELD_OUT_FRAMINGS and s.framing not in train_framings
+        if s.answer == NOT_FOUND:
+            assert s.depth == -1.0
+        else:
+            assert s.answer in s.document
+        assert s.question.endswith("?") or s.question.endswith(".")
+    assert 0.1 < sum(s.answer == NOT_FOUND for s in samples) / len(samples) < 0.3
+    held = {f.id for f in sp.held_out_families}
+    assert {s.held_out for s in samples} >= {"family", "framing"}
+    for s in samples:
+        assert (s.family in held) == (s.held_out == "family")
+    assert frame("What is it?", "Tell me {ql}") == "Tell me what is it?"

@@ -97,7 +97,8 @@ def _build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", default=None)
     ev.add_argument("--out", type=Path, default=Path("eval-out"))
 
-    ed = sub.add_parser("eval-data", help="generate RULER samples with the model's tokenizer (offline)")
+    ed = sub.add_parser("eval-data", help="generate RULER and held-out lookup samples with the model's tokenizer "
+                                          "(offline)")
     ed.add_argument("--model", type=Path, default=BUNDLED_MODEL)
     ed.add_argument("--out", type=Path, default=Path(".ruler-data"))
     ed.add_argument("--tasks", nargs="+", default=None)
@@ -251,11 +252,23 @@ def _cmd_answer(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval_data(args: argparse.Namespace) -> int:
-    from app import ruler
+    from app import lookup, ruler
 
-    tasks = args.tasks or list(ruler.TASKS)
-    ruler.generate(args.out, args.model, tasks, args.lengths, dict.fromkeys(args.lengths, args.samples),
-                   seed=args.seed)
+    tasks = args.tasks or list(ruler.TASKS) + list(lookup.TASKS)
+    unknown = [t for t in tasks if t not in ruler.TASKS and t not in lookup.TASKS]
+    if unknown:
+        raise ValueError(f"unknown task(s) {', '.join(unknown)}; RULER's: {', '.join(ruler.TASKS)}; "
+                         f"held-out lookup: {', '.join(lookup.TASKS)}")
+    held_out = [t for t in tasks if t in lookup.TASKS]
+    if held_out:
+        from engine.tokenizer import load_tokenizer
+        from engine.weights import read_model_config
+
+        tokenizer = load_tokenizer(args.model, read_model_config(args.model))
+        lookup.generate(args.out, tokenizer, held_out, args.lengths, args.samples, seed=args.seed)
+    if len(held_out) < len(tasks):
+        ruler.generate(args.out, args.model, [t for t in tasks if t in ruler.TASKS], args.lengths,
+                       dict.fromkeys(args.lengths, args.samples), seed=args.seed)
     return EXIT_OK
 
 
@@ -265,9 +278,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from engine import Engine
 
     engine = Engine.from_pretrained(args.model, device=args.device)
+    from app import lookup
     from app.defaults import model_defaults
 
-    samples = ruler.load(args.data, args.tasks or list(ruler.TASKS), args.lengths)
+    samples = ruler.load(args.data, args.tasks or list(ruler.TASKS) + list(lookup.TASKS), args.lengths)
     if args.max_samples is not None:
         kept, seen = [], {}
         for s in samples:

@@ -42,6 +42,9 @@ def test_the_split_is_fixed_and_by_kind():
         == set(FRAMINGS)
     for f in a.train_families:
         assert set(a.train_wordings(f)).isdisjoint(a.held_out_wordings(f))
+        plain_only = f.id in a.held_out_paraphrases
+        assert a.train_wordings(f) == ((f.question,) if plain_only else (f.question, *f.paraphrases))
+    assert a.held_out_paraphrases <= {f.id for f in a.train_families} and len(a.held_out_paraphrases) >= 30
     for f in a.held_out_families:
         assert a.held_out_wordings(f) == (f.question, *f.paraphrases)
 
@@ -80,7 +83,7 @@ def test_held_out_samples_ask_only_held_out_wordings():
         assert s.question.endswith("?") or s.question.endswith(".")
     assert 0.1 < sum(s.answer == NOT_FOUND for s in samples) / len(samples) < 0.3
     held = {f.id for f in sp.held_out_families}
-    assert {s.held_out for s in samples} >= {"family", "framing"}
+    assert {s.held_out for s in samples} == {"family", "paraphrase", "framing"}
     for s in samples:
         assert (s.family in held) == (s.held_out == "family")
     assert frame("What is it?", "Tell me {ql}") == "Tell me what is it?"

@@ -7,9 +7,10 @@ states it in, a plain question and one or more paraphrases that share few words 
 
 The split is fixed (`SPLIT_SEED`) and by kind, never by sample:
 - `HELD_OUT_FAMILY_SHARE` of the families are held out whole: never in training, in any wording;
+- of the other families, `HELD_OUT_PARAPHRASE_SHARE` are trained on their plain question only:
+  their paraphrases are held out (the model must carry paraphrasing over from other families);
 - of the framings a question is put in (`FRAMINGS`: "Tell me ...", "Quick question: ..."), the
-  `HELD_OUT_FRAMINGS` are never used in training, for any family;
-- a family's last paraphrase is held out when it has more than one.
+  `HELD_OUT_FRAMINGS` are never used in training, for any family.
 `split()` gives the families and wordings on each side; `tests/test_relations.py` checks that no
 held-out family, paraphrase or framing can reach a training sample.
 """
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 SPLIT_SEED = 20261201
 HELD_OUT_FAMILY_SHARE = 0.2
+HELD_OUT_PARAPHRASE_SHARE = 0.25  # of the training families: asked only plainly in training
 NOT_FOUND = "not found"  # what the model answers when the documents do not hold the fact
 
 # Framings around a question (the question's own words in {q}, lower-cased first letter in {ql}).
@@ -282,21 +284,23 @@ def families() -> list[Family]:
 class Split:
     train_families: tuple[Family, ...]
     held_out_families: tuple[Family, ...]
+    held_out_paraphrases: frozenset[str]  # ids of training families whose paraphrases are held out
     train_framings: tuple[str, ...]
     held_out_framings: tuple[str, ...]
 
     def train_wordings(self, family: Family) -> tuple[str, ...]:
-        """The questions training asks of a training family: the plain one and every paraphrase but
-        the last, when there are several (that one is held out)."""
-        kept = family.paraphrases[:-1] if len(family.paraphrases) > 1 else family.paraphrases
-        return (family.question, *kept)
+        """The questions training asks of a training family: the plain one, and its paraphrases
+        unless they are held out."""
+        if family.id in self.held_out_paraphrases:
+            return (family.question,)
+        return (family.question, *family.paraphrases)
 
     def held_out_wordings(self, family: Family) -> tuple[str, ...]:
-        """The questions never trained on: every wording of a held-out family, the last paraphrase of
-        a training family with several."""
+        """The questions never trained on: every wording of a held-out family, the paraphrases of a
+        training family whose paraphrases are held out."""
         if family in self.held_out_families:
             return (family.question, *family.paraphrases)
-        return family.paraphrases[-1:] if len(family.paraphrases) > 1 else ()
+        return family.paraphrases if family.id in self.held_out_paraphrases else ()
 
 
 def split() -> Split:
@@ -307,8 +311,9 @@ def split() -> Split:
     rng.shuffle(order)
     n_held = round(HELD_OUT_FAMILY_SHARE * len(every))
     held = set(order[:n_held])
-    return Split(tuple(f for i, f in enumerate(every) if i not in held),
-                 tuple(f for i, f in enumerate(every) if i in held),
+    train = [f for i, f in enumerate(every) if i not in held]
+    paraphrased = rng.sample([f.id for f in train], round(HELD_OUT_PARAPHRASE_SHARE * len(train)))
+    return Split(tuple(train), tuple(f for i, f in enumerate(every) if i in held), frozenset(paraphrased),
                  tuple(f for f in FRAMINGS if f not in HELD_OUT_FRAMINGS), HELD_OUT_FRAMINGS)
 
 
@@ -488,26 +493,24 @@ def lookup_sample(paragraphs: list[str], families_: list[Family], wordings: dict
                         framing=framing, depth=depths[0] if answerable else -1.0)
 
 
-def held_out_samples(paragraph_pool: list[list[str]], n: int, seed: int, no_answer_share: float = 0.0
-                     ) -> list[LookupSample]:
-    """The held-out lookup set, in held-out framings always: a third of the questions about held-out
-    families (any wording), the rest about training families, in a held-out paraphrase where the
-    family has one, else in a training wording (the framing alone is then new)."""
+def held_out_samples(paragraph_pool: list[list[str]], n: int, seed: int, no_answer_share: float = 0.0,
+                     kind: str | None = None) -> list[LookupSample]:
+    """The held-out lookup set, always in held-out framings. `kind` says what else is new to the model:
+    "family" (a held-out family, any wording), "paraphrase" (a training family's held-out
+    paraphrase) or "framing" (a training family in a training wording: only the framing is new);
+    None takes the three in turn."""
     sp = split()
+    pools = {"family": [(f, sp.held_out_wordings(f)) for f in sp.held_out_families],
+             "paraphrase": [(f, sp.held_out_wordings(f)) for f in sp.train_families if sp.held_out_wordings(f)],
+             "framing": [(f, sp.train_wordings(f)) for f in sp.train_families if not sp.held_out_wordings(f)]}
+    if kind is not None and kind not in pools:
+        raise ValueError(f"unknown held-out kind {kind!r}")
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        if i % 3 == 0:
-            pool, kind = list(sp.held_out_families), "family"
-            wordings = {f.id: sp.held_out_wordings(f) for f in pool}
-        else:
-            pool = list(sp.train_families)
-            wordings = {f.id: sp.held_out_wordings(f) or sp.train_wordings(f) for f in pool}
-            kind = ""
-        sample = lookup_sample(rng.choice(paragraph_pool), pool, wordings, sp.held_out_framings, rng,
-                               answerable=rng.random() >= no_answer_share)
-        if not kind:
-            family = next(f for f in pool if f.id == sample.family)
-            kind = "paraphrase" if sp.held_out_wordings(family) else "framing"
-        out.append(dataclasses.replace(sample, held_out=kind))
+        this = kind or ("family", "paraphrase", "framing")[i % 3]
+        pool = pools[this]
+        sample = lookup_sample(rng.choice(paragraph_pool), [f for f, _ in pool], {f.id: w for f, w in pool},
+                               sp.held_out_framings, rng, answerable=rng.random() >= no_answer_share)
+        out.append(dataclasses.replace(sample, held_out=this))
     return out

@@ -1,0 +1,83 @@
+"""Held-out lookup and no-answer evaluation data, beside RULER's, in RULER's files and format.
+
+Questions come from `training.relations.held_out_samples`: held-out relation families, held-out
+paraphrases and held-out framings, never trained on. Their haystacks are a document source the
+model never saw either: Debian's licence and copyright files (/usr/share/doc/*/copyright, the
+`licences` kind that training.corpus keeps out of training). Each task a file
+`<task>_<length>/validation.jsonl` that `app.ruler.load` reads as it reads RULER's; a list answer
+is scored on all its items, a no-answer question is right when the answer says "not found".
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+from app.ruler import DOC_END, DOC_START
+from training.corpus import normalise, read_maybe_gzipped, source_files
+from training.relations import NOT_FOUND, held_out_samples
+
+TASKS = ("lookup_family", "lookup_paraphrase", "lookup_framing", "no_answer")
+_KIND_OF_TASK = {"lookup_family": "family", "lookup_paraphrase": "paraphrase", "lookup_framing": "framing",
+                 "no_answer": None}
+MIN_PARAGRAPH_CHARS = 80
+
+
+def licence_paragraphs(doc_root: Path = Path("/usr/share/doc")) -> list[str]:
+    """Every distinct paragraph of the machine's licence and copyright files, in a fixed order."""
+    seen, out = set(), []
+    for path in source_files("licences", doc_root=doc_root):
+        for paragraph in normalise(read_maybe_gzipped(path)).split("\n\n"):
+            if len(paragraph) >= MIN_PARAGRAPH_CHARS and paragraph not in seen:
+                seen.add(paragraph)
+                out.append(paragraph)
+    if not out:
+        raise RuntimeError(f"no licence files under {doc_root}: the lookup haystacks are read from there")
+    return out
+
+
+def _haystack(paragraphs: list[str], counts: list[int], target_tokens: int, rng: random.Random) -> list[str]:
+    """Consecutive paragraphs from a random start (wrapping), about `target_tokens` tokens in all."""
+    start = rng.randrange(len(paragraphs))
+    out, total, i = [], 0, start
+    while total < target_tokens:
+        out.append(paragraphs[i % len(paragraphs)])
+        total += counts[i % len(paragraphs)]
+        i += 1
+        if i - start > len(paragraphs):  # fewer tokens than asked in all the files: repeat them
+            start = i
+    return out
+
+
+def answer_items(answer: str) -> list[str]:
+    """The strings scored: each item of a list ("A, B and C"), else the answer itself."""
+    if answer == NOT_FOUND:
+        return [answer]
+    parts = re.split(r", | and ", answer)
+    return parts if len(parts) == 3 else [answer]
+
+
+def generate(out_dir: Path, tokenizer, tasks: list[str], lengths: list[int], samples: int, seed: int = 42,
+             doc_root: Path = Path("/usr/share/doc")) -> None:
+    """Writes <out>/<task>_<length>/validation.jsonl: `samples` questions each, held-out facts in
+    licence text of about `length` tokens (the fact sentences add a few dozen)."""
+    paragraphs = licence_paragraphs(doc_root)
+    counts = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in paragraphs]
+    for task in tasks:
+        if task not in TASKS:
+            raise ValueError(f"unknown lookup task {task!r} (choose from {', '.join(TASKS)})")
+        for length in lengths:
+            rng = random.Random(f"{seed}/{task}/{length}")
+            target = out_dir / f"{task}_{length}" / "validation.jsonl"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            rows = []
+            for index in range(samples):
+                haystack = _haystack(paragraphs, counts, length - 96, rng)
+                sample = held_out_samples([haystack], 1, seed=rng.randrange(1 << 30), kind=_KIND_OF_TASK[task],
+                                          no_answer_share=1.0 if task == "no_answer" else 0.0)[0]
+                rows.append({"index": index, "input": f"{DOC_START}{sample.document}{DOC_END}\n{sample.question}",
+                             "outputs": answer_items(sample.answer), "length": length, "family": sample.family,
+                             "wording": sample.wording, "framing": sample.framing})
+            target.write_text("".join(json.dumps(r) + "\n" for r in rows))

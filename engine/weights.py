@@ -23,6 +23,9 @@ logger = logging.getLogger(__name__)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# Weights at rest in int8 (`save_weights(..., quantize=True)`): each matrix as int8 with one scale
+# per output row beside it, under its name plus this suffix; w = q * scale[:, None], |q| <= 127.
+INT8_SCALE_SUFFIX = ".int8_scale"
 
 
 class CheckpointError(RuntimeError):
@@ -167,8 +170,9 @@ def load_model(folder: str | Path, cfg: ModelConfig | None = None,
     files = weight_files(folder)
     ignorable = {tied_head_name(cfg)} if cfg.tie_word_embeddings else set()
 
+    scales = {name for name in files if name.endswith(INT8_SCALE_SUFFIX)}
     missing = sorted(set(name_map) - set(files))
-    unexpected = sorted(set(files) - set(name_map) - ignorable)
+    unexpected = sorted(set(files) - set(name_map) - ignorable - scales)
     problems = []
     if missing:
         problems.append(f"missing tensors ({len(missing)}): " + ", ".join(missing[:20]))
@@ -191,7 +195,10 @@ def load_model(folder: str | Path, cfg: ModelConfig | None = None,
                 if shape != tuple(expected[dst]):
                     wrong_shape.append(f"{src}: file {shape}, expected {tuple(expected[dst])}")
                     continue
-                state[dst] = f.get_tensor(src).to(device=device, dtype=dtype)
+                tensor = f.get_tensor(src)
+                if tensor.dtype == torch.int8:
+                    tensor = _dequantize(tensor, src, files, folder)
+                state[dst] = tensor.to(device=device, dtype=dtype)
     if wrong_shape:
         raise CheckpointError(f"{folder}: tensors with the wrong shape: " + "; ".join(wrong_shape))
     _assign_state(model, state)
@@ -204,6 +211,27 @@ def load_model(folder: str | Path, cfg: ModelConfig | None = None,
     logger.info("loaded %s (%s, %d layers) on %s as %s", folder, cfg.family, cfg.num_layers,
                 device, dtype)
     return model
+
+
+def _dequantize(q: torch.Tensor, name: str, files: dict[str, Path], folder: Path) -> torch.Tensor:
+    """fp32 weights from an int8 matrix and its per-row scales (see INT8_SCALE_SUFFIX)."""
+    scale_name = name + INT8_SCALE_SUFFIX
+    if scale_name not in files:
+        raise CheckpointError(f"{folder}: {name} is stored in int8 but its scales ({scale_name}) are missing")
+    with safe_open(str(files[scale_name]), framework="pt", device="cpu") as f:
+        scale = f.get_tensor(scale_name).float()
+    if scale.shape != (q.shape[0],):
+        raise CheckpointError(f"{folder}: {scale_name} has shape {tuple(scale.shape)}, expected ({q.shape[0]},)")
+    return q.float() * scale[:, None]
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: (q int8 [out, in], scale fp32 [out]) with w ~ q * scale[:, None]; the
+    rounding error of an entry is at most half its row's scale."""
+    w = w.float()
+    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
 
 
 def random_state_dict(cfg: ModelConfig, seed: int = 0, std: float = 0.05,
@@ -298,20 +326,29 @@ def _file_sha256(path: Path) -> str:
 
 
 def save_weights(folder: str | Path, cfg: ModelConfig, state: dict[str, torch.Tensor],
-                 max_shard_bytes: int = 15_000_000, dtype: torch.dtype = torch.bfloat16) -> list[Path]:
-    """Writes our-named parameters under the checkpoint's own names: safetensors shards + index."""
+                 max_shard_bytes: int = 15_000_000, dtype: torch.dtype = torch.bfloat16,
+                 quantize: bool = False) -> list[Path]:
+    """Writes our-named parameters under the checkpoint's own names: safetensors shards + index.
+    `quantize`: matrices in int8 with per-row scales (`quantize_int8`, fp32 scales), vectors in
+    `dtype`: a quarter of fp32's bytes, half of bf16's."""
     import json
 
     from safetensors.torch import save_file
 
     folder = Path(folder)
-    tensors = {src: state[dst].detach().to("cpu", dtype).contiguous() for src, dst in checkpoint_name_map(cfg).items()}
+    tensors: dict[str, torch.Tensor] = {}
+    for src, dst in checkpoint_name_map(cfg).items():
+        t = state[dst].detach().to("cpu")
+        if quantize and t.dim() == 2:
+            tensors[src], tensors[src + INT8_SCALE_SUFFIX] = quantize_int8(t)
+        else:
+            tensors[src] = t.to(dtype).contiguous()
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, t in tensors.items():
         nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
+        if shards[-1] and size + nbytes > max_shard_bytes and not name.endswith(INT8_SCALE_SUFFIX):
+            shards.append({})  # (a matrix's scales stay in its shard)
             size = 0
         shards[-1][name] = t
         size += nbytes

@@ -231,3 +231,34 @@ def test_oracle_check_answers_over_the_needle_chunks(tmp_path):
     assert [r["variant"] for r in report["rows"]] == ["single", "multikey", "multivalue", "multiquery"]
     assert all(r["gold"] and 0.0 <= r["score"] <= 1.0 for r in report["rows"])
     assert set(report["summary"]) == {"single", "multikey", "multivalue", "multiquery", "mean"}
+
+
+def test_lookup_examples_ask_training_wordings_of_facts_in_real_text():
+    from training import relations
+
+    corpus = _corpus() | {"text_paragraphs": _flat([TOK.encode(f" The daemon reads file number {i} at start, "
+                                                               "then listens on its port.").ids for i in range(50)])}
+    cfg = model_config(TOK)
+    layout = make_layout(BUNDLED_MODEL, cfg)
+    sampler = TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=3,
+                          task_weights={"lookup": 1})
+    import re
+
+    sp = relations.split()
+    trained = [re.compile(re.escape(relations.frame(w, framing)).replace(re.escape("{s}"), ".+") + "$")
+               for f in sp.train_families for w in sp.train_wordings(f) for framing in sp.train_framings]
+    not_found = 0
+    for _ in range(200):
+        ex = sampler.sample(4, scoring_share=0.0)
+        assert len(ex.chunks) == 4 and all(len(c) <= 127 for c in ex.chunks)
+        question = TOK.decode(ex.question_ids)
+        assert any(p.match(question) for p in trained), question  # a training wording in a training framing
+        answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+        if answer == relations.NOT_FOUND:
+            not_found += 1
+        else:
+            assert any(answer in TOK.decode(c) for c in ex.chunks), answer
+    assert 10 < not_found < 60
+    with pytest.raises(ValueError, match="needs the corpus's real text"):
+        TaskSampler(_corpus(), lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=3,
+                    task_weights={"lookup": 1})

@@ -161,3 +161,54 @@ def test_kept_kv_of_a_fused_model_owns_its_memory(family_dir):
     for k, v in out.kv:
         for t in (k, v):
             assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def _int8_copy(folder, out):
+    from engine.weights import save_weights
+
+    model = load_model(folder, dtype=torch.float32)
+    shutil.copytree(folder, out, ignore=shutil.ignore_patterns("*.safetensors", INDEX_FILE))
+    save_weights(out, model.cfg, model.state_dict(), quantize=True)
+    return model
+
+
+def test_int8_weights_load_within_half_a_step_of_the_originals(family_dir, tmp_path):
+    from engine.weights import INT8_SCALE_SUFFIX
+
+    family, folder = family_dir
+    original = _int8_copy(folder, tmp_path / "int8")
+    stored = {k: v for shard in _shards(tmp_path / "int8") for k, v in load_file(str(shard)).items()}
+    assert any(v.dtype == torch.int8 for v in stored.values())
+    scaled = [k[: -len(INT8_SCALE_SUFFIX)] for k in stored if k.endswith(INT8_SCALE_SUFFIX)]
+    assert scaled and all(stored[k].dtype == torch.int8 for k in scaled)
+    bf16_bytes = sum(p.numel() * 2 for p in original.state_dict().values())
+    assert sum(p.stat().st_size for p in _shards(tmp_path / "int8")) < 0.56 * bf16_bytes
+    again = load_model(tmp_path / "int8", dtype=torch.float32)
+    for (name, a), (_, b) in zip(original.state_dict().items(), again.state_dict().items(), strict=True):
+        if a.dim() == 2:
+            step = a.abs().amax(dim=1, keepdim=True) / 127
+            assert ((a - b).abs() <= step / 2 + 1e-7).all(), name
+        else:
+            assert torch.equal(a.to(torch.bfloat16).float(), b), name
+    from engine import Engine
+
+    ids = torch.randint(3, original.cfg.vocab_size, (2, 37))  # an odd length
+    ref = Engine.from_pretrained(folder, device="cpu").logits(ids)
+    got = Engine.from_pretrained(tmp_path / "int8", device="cpu").logits(ids)
+    assert (ref - got).abs().max() < 0.05 * ref.abs().max(), family
+
+
+def test_int8_weights_without_their_scales_are_named(dream_dir, tmp_path):
+    from engine.weights import INT8_SCALE_SUFFIX
+
+    _int8_copy(dream_dir, tmp_path / "int8")
+    shard = _shards(tmp_path / "int8")[0]
+    tensors = load_file(str(shard))
+    name = next(k for k in tensors if k.endswith(INT8_SCALE_SUFFIX))
+    del tensors[name]
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    index = json.loads((tmp_path / "int8" / INDEX_FILE).read_text())
+    del index["weight_map"][name]
+    (tmp_path / "int8" / INDEX_FILE).write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="stored in int8 but its scales"):
+        load_model(tmp_path / "int8")

@@ -64,6 +64,23 @@ def synthetic_lines(rng: random.Random, adjs: list[str], nouns: list[str], n: in
     return out
 
 
+def text_paragraphs(corpus_dir: Path, limit: int, rng: random.Random) -> list[str]:
+    """Paragraphs of the corpus's training kinds (never its held-out ones), of 60-1200 characters,
+    shuffled with `rng`, at most `limit`."""
+    from training.corpus import read_shard
+
+    manifest = json.loads((corpus_dir / "manifest.json").read_text())
+    out = []
+    for kind, shards in sorted(manifest["shards"].items()):
+        if kind in manifest["held_out_kinds"]:
+            continue
+        for shard in shards:
+            for doc in read_shard(corpus_dir / shard):
+                out += [p for p in doc.split("\n\n") if 60 <= len(p) <= 1200]
+    rng.shuffle(out)
+    return out[:limit]
+
+
 def train_tokenizer(texts: list[str]) -> Tokenizer:
     """Byte-level BPE (GPT-2 style pre-tokenizer, single digits) with LLaDA's special tokens."""
     tok = Tokenizer(models.BPE())
@@ -101,6 +118,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(".train-data"))
     ap.add_argument("--model-dir", type=Path, default=Path("models/docqa-tiny"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--corpus", type=Path, default=None,
+                    help="training.corpus output: its training kinds become the lookup task's real text")
+    ap.add_argument("--max-text-paragraphs", type=int, default=200_000)
+    ap.add_argument("--keep-tokenizer", action="store_true",
+                    help="tokenize with the model folder's tokenizer instead of training a new one "
+                         "(to continue training a model)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     essays = load_essays()
@@ -112,8 +135,11 @@ def main() -> None:
     corpus = [essays[i:i + 2000] for i in range(0, len(essays), 2000)]
     corpus += paragraphs[:20000] + synthetic_lines(rng, adjs, nouns, 20000)
     corpus += [d["question"] + " " + d["answer"] for d in train_qas]
-    tok = train_tokenizer(corpus)
-    write_tokenizer(tok, args.model_dir)
+    if args.keep_tokenizer:
+        tok = Tokenizer.from_file(str(args.model_dir / "tokenizer.json"))
+    else:
+        tok = train_tokenizer(corpus)
+        write_tokenizer(tok, args.model_dir)
 
     def enc(texts: list[str]) -> list[list[int]]:
         return [e.ids for e in tok.encode_batch(texts)]
@@ -123,8 +149,13 @@ def main() -> None:
     para_ids = enc(paragraphs)
     para_index = {p: i for i, p in enumerate(paragraphs)}
     qa = [d for d in train_qas if all(f"{t}\n{''.join(p).strip()}" not in held_out for t, p in d["context"])]
+    extra = {}
+    if args.corpus is not None:
+        texts = text_paragraphs(args.corpus, args.max_text_paragraphs, rng)
+        extra["text_paragraphs"] = flat(enc([" " + t for t in texts]))
+        print(f"real text: {len(texts)} paragraphs, {len(extra['text_paragraphs']['tokens'])} tokens")
     args.out.mkdir(parents=True, exist_ok=True)
-    torch.save({
+    torch.save(extra | {
         "essay_sentences": flat(essay_ids),
         "paragraphs": flat(para_ids),
         "paragraph_titles": [p.split("\n", 1)[0] for p in paragraphs],

@@ -8,7 +8,10 @@ sees it, with the question's tokens as the only targets.
 
 Tasks: needle retrieval in RULER's wording (single, multi-key, multi-value, multi-query; numbers,
 words, UUIDs as keys and values; essay, repeated and needle haystacks), key-value retrieval,
-extractive QA over HotpotQA paragraphs, and "which document mentions X".
+extractive QA over HotpotQA paragraphs, "which document mentions X", and lookups: facts of the
+training relation families (training.relations) placed in real text, asked in the training
+wordings and framings, with a fact of the same family about another subject beside them, and
+sometimes not there at all (the answer is then relations.NOT_FOUND).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import uuid
 from dataclasses import dataclass
 
 import torch
+
+from training import relations
 
 ROLE_PAD, ROLE_PREFIX, ROLE_CHUNK, ROLE_QUERY, ROLE_ANSWER = -1, 0, 1, 2, 3
 REPEAT_HAYSTACK = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -44,7 +49,10 @@ class Layout:
 
 # Relative draw weights. Runs 1-2 of docqa-tiny used the defaults; run 3 shifted weight to the NIAH
 # variants the evaluation showed weakest (see the model card).
-TASK_WEIGHTS = {"niah": 10, "kv_retrieval": 2, "hotpot": 3, "which_document": 2}
+# A task left out of a weights dict has weight 0 ("lookup" is 0 by default, so the default stream
+# is that of runs 1-8).
+TASK_WEIGHTS = {"niah": 10, "kv_retrieval": 2, "hotpot": 3, "which_document": 2, "lookup": 0}
+LOOKUP_NOT_FOUND_SHARE = 0.15
 NIAH_VARIANT_WEIGHTS = {"single": 4, "multikey": 3, "multivalue": 2, "multiquery": 2}
 
 
@@ -61,11 +69,18 @@ class TaskSampler:
         if multiquery_keys is not None and (not multiquery_keys or any(not 1 <= n <= 4 for n in multiquery_keys)):
             raise ValueError(f"multiquery_keys must be 1-4 keys each, got {multiquery_keys}")
         self.multiquery_keys = multiquery_keys
-        self.task_weights = dict(task_weights or TASK_WEIGHTS)
+        self.task_weights = dict.fromkeys(TASK_WEIGHTS, 0.0) | dict(task_weights or TASK_WEIGHTS)
         self.niah_variant_weights = dict(niah_variant_weights or NIAH_VARIANT_WEIGHTS)
-        for given, known in ((self.task_weights, TASK_WEIGHTS), (self.niah_variant_weights, NIAH_VARIANT_WEIGHTS)):
-            if set(given) != set(known) or any(w < 0 for w in given.values()) or not any(given.values()):
-                raise ValueError(f"weights must name exactly {sorted(known)} with non-negative values, got {given}")
+        if set(self.task_weights) != set(TASK_WEIGHTS) or any(w < 0 for w in self.task_weights.values()) \
+                or not any(self.task_weights.values()):
+            raise ValueError(f"task weights must name only {sorted(TASK_WEIGHTS)}, with non-negative values, "
+                             f"got {task_weights}")
+        known = NIAH_VARIANT_WEIGHTS
+        given = self.niah_variant_weights
+        if set(given) != set(known) or any(w < 0 for w in given.values()) or not any(given.values()):
+            raise ValueError(f"weights must name exactly {sorted(known)} with non-negative values, got {given}")
+        if self.task_weights["lookup"] and "text_paragraphs" not in corpus:
+            raise ValueError("the lookup task needs the corpus's real text (training.prepare --corpus)")
         self.encode, self.decode = encode, decode  # str -> list[int], list[int] -> str
         self.layout, self.c, self.answer_len = layout, chunk_size, answer_len
         self.sent_tok, self.sent_off = corpus["essay_sentences"]["tokens"], corpus["essay_sentences"]["offsets"]
@@ -74,6 +89,9 @@ class TaskSampler:
         self.qa = corpus["qa"]
         self.adjs, self.nouns = corpus["adjectives"], corpus["nouns"]
         self._repeat = self.encode(" " + REPEAT_HAYSTACK)
+        text = corpus.get("text_paragraphs")  # real English (training.corpus), for the lookup haystacks
+        self.text_tok, self.text_off = (text["tokens"], text["offsets"]) if text else (None, None)
+        self.split = relations.split()
 
     # ---- random values in RULER's formats --------------------------------------------------------
 
@@ -98,6 +116,14 @@ class TaskSampler:
                 out.append(s)
                 total += len(s)
                 i += 1
+        elif haystack == "text":
+            i = self.rng.randrange(len(self.text_off) - 1)
+            while total < n:
+                j = i % (len(self.text_off) - 1)
+                s = self.text_tok[self.text_off[j]:self.text_off[j + 1]].tolist()
+                out.append(s)
+                total += len(s)
+                i += 1
         elif haystack == "repeat":
             while total < n:
                 out.append(self._repeat)
@@ -116,8 +142,14 @@ class TaskSampler:
         need = sum(len(x) for x in needles)
         assert need < room, "needles longer than a chunk"
         sents = self._filler(room - need + 8, haystack)
-        for needle in needles:
-            sents.insert(self.rng.randrange(len(sents) + 1), needle)
+        if haystack == "text":
+            # Real paragraphs can be longer than a chunk: needles spread between them could be cut
+            # apart, so they go in together, at one boundary.
+            at = self.rng.randrange(len(sents) + 1)
+            sents[at:at] = needles
+        else:
+            for needle in needles:
+                sents.insert(self.rng.randrange(len(sents) + 1), needle)
         flat = [t for s in sents for t in s]
         if len(flat) > room:  # cut filler, never a needle: drop tokens from an end away from them
             start = self.rng.randrange(0, len(flat) - room + 1)
@@ -245,6 +277,28 @@ class TaskSampler:
         chunks = [self._paragraph(p, n + 1) for n, p in enumerate(picked)]
         question = f'Which document mentions "{phrase.strip()}"?'
         return Example(chunks, self.encode(question), self._answer(f"Document {target + 1}"))
+
+    def lookup(self, k: int) -> Example:
+        """A fact of a training family in real text, asked in a training wording and framing; a fact
+        of the same family about another subject is always there too, and sometimes (a share of
+        LOOKUP_NOT_FOUND_SHARE) the asked one is not: the answer is then "not found"."""
+        r, sp = self.rng, self.split
+        family = r.choice(sp.train_families)
+        asked = relations.draw_fact(family, r)
+        other = relations.draw_fact(family, r)
+        while other.subject == asked.subject:
+            other = relations.draw_fact(family, r)
+        answerable = r.random() >= LOOKUP_NOT_FOUND_SHARE
+        facts = ([asked] if answerable else []) + [other]
+        facts += [relations.draw_fact(r.choice(sp.train_families), r) for _ in range(r.randint(0, k))]
+        per_chunk: list[list[list[int]]] = [[] for _ in range(k)]
+        for i, fact in enumerate(facts):  # at most two facts in a chunk, so that they fit
+            slot = r.randrange(k) if i < k else i % k
+            per_chunk[slot if len(per_chunk[slot]) < 2 else per_chunk.index(min(per_chunk, key=len))].append(
+                self.encode(" " + fact.sentence))
+        chunks = [self._chunk_with(needles, "text") for needles in per_chunk]
+        question = relations.frame(asked.question(r.choice(sp.train_wordings(family))), r.choice(sp.train_framings))
+        return Example(chunks, self.encode(question), self._answer(asked.value if answerable else relations.NOT_FOUND))
 
     def sample(self, k: int, scoring_share: float = 0.2) -> Example:
         r = self.rng

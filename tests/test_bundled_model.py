@@ -16,7 +16,7 @@ def test_bundled_files_fit_the_size_limits():
     weights = sorted(BUNDLED_MODEL.glob("*.safetensors"))
     assert len(weights) >= 2
     assert all(p.stat().st_size <= 15_000_000 for p in weights)
-    assert sum(p.stat().st_size for p in weights) <= 60_000_000
+    assert sum(p.stat().st_size for p in weights) <= 32_000_000  # int8 with per-row scales at rest
     cfg = read_model_config(BUNDLED_MODEL)
     # LLaDA-style: in-place prediction, KV heads from n_kv_heads (run 8 has one per query head).
     assert cfg.family == "llada" and not cfg.logits_shifted and cfg.num_heads % cfg.num_kv_heads == 0

@@ -98,6 +98,9 @@ class AskEvent:
     result: AskResult | None = None
 
 
+# The bundled model answers this when the documents do not hold the fact (training.relations.NOT_FOUND);
+# the app shows it as a warning, never as an answer.
+NOT_FOUND_ANSWER = "not found"
 ANSWER_MEMO = "answer-v2"  # {"document_ids": [...], "result": AskResult as JSON}
 
 
@@ -446,12 +449,16 @@ class DocQA:
         citations.sort(key=lambda c: -c.score)
         warning = None
         best = max(tr.selected_scores, default=float("-inf"))
-        if self.weak_score is not None and best < self.weak_score:
+        answer = res.text
+        if answer.strip().lower().rstrip(".") == NOT_FOUND_ANSWER:  # what a model trained to say so answers
+            answer = ""
+            warning = "Not found: the documents may not contain this (the chosen passages do not say it)."
+        elif self.weak_score is not None and best < self.weak_score:
             warning = ("The documents may not contain this: no passage explains the question well "
                        f"(best score {best:.2f}, below {self.weak_score:.2f}).")
         anchors = tr.anchors_decode.tolist() if tr.anchors_decode is not None else []
         timings = {"load_kv": load_s, **tr.timings}
-        return AskResult(res.text, citations, warning, conversation_id, scores, anchors, timings, tr.steps)
+        return AskResult(answer, citations, warning, conversation_id, scores, anchors, timings, tr.steps)
 
     def _record(self, result: AskResult, question: str, document_ids: list[str], params: AnswerParams) -> None:
         if self.read_only or not result.conversation_id:  # a read-only library keeps no history

@@ -14,15 +14,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import diskcache
-
 logger = logging.getLogger(__name__)
 
 
 class ResultCache:
     def __init__(self, folder: str | Path, size_limit_bytes: int = 256 << 20, read_only: bool = False) -> None:
         # Values are JSON strings, which diskcache stores as text (its pickling is never used).
-        # A read-only data folder has no memo: diskcache cannot open its database there.
+        # A read-only data folder has no memo: diskcache cannot open its database there. Imported
+        # here: the evaluation tools use storage without a memo, on machines without diskcache.
+        import diskcache
+
         self._cache = None if read_only else diskcache.Cache(
             str(folder), size_limit=size_limit_bytes, eviction_policy="least-recently-used", sqlite_secure_delete=1)
 

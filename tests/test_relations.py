@@ -87,3 +87,9 @@ def test_held_out_samples_ask_only_held_out_wordings():
     for s in samples:
         assert (s.family in held) == (s.held_out == "family")
     assert frame("What is it?", "Tell me {ql}") == "Tell me what is it?"
+
+
+def test_the_app_knows_the_not_found_answer():
+    from app.service import NOT_FOUND_ANSWER
+
+    assert NOT_FOUND_ANSWER == NOT_FOUND

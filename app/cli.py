@@ -408,7 +408,7 @@ def _print_report(report) -> None:
     print(f"database: {report.database}")
     for line in report.problems:
         print(f"  problem: {line}")
-    for line in getattr(report, "actions", []):
+    for line in report.actions:
         print(f"  done: {line}")
 
 

@@ -67,7 +67,7 @@ def diagnose(root: str | Path) -> RepairReport:
         report.problems.append(f"the database {root / DB_FILE} is {state}; repair restores it from "
                                + ("its backup" if backup_ok else f"the files (the backup is {backup_state})"))
         return report
-    store = DocumentStore(root) if not _read_only(root) else None
+    store = DocumentStore(root, run_recovery=False) if not _read_only(root) else None
     if store is None:
         report.problems.append(f"{root} is read-only: it can be read and asked, not checked or repaired")
         return report

@@ -180,7 +180,7 @@ class DocumentStore:
     """
 
     def __init__(self, data_dir: str | Path, kv_budget_bytes: int | None = None,
-                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
+                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, run_recovery: bool = True) -> None:
         self.root = Path(data_dir).expanduser().resolve()
         self.read_only = self.root.is_dir() and not _is_writable(self.root)
         if not self.read_only:
@@ -195,7 +195,7 @@ class DocumentStore:
         self._verified: set[str] = set()  # shard paths whose checksum this process has checked
         self._verified_lock = threading.Lock()
         self._check_database()
-        self.last_recovery = {} if self.read_only else self.recover()
+        self.last_recovery = self.recover() if run_recovery and not self.read_only else {}
 
     def _check_database(self) -> None:
         """Refuses to open over a library whose database is gone or damaged: opening would make a new

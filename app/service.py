@@ -28,6 +28,7 @@ from app.kv_service import DocumentKVService
 from engine import AnswerParams, AnswerResult, Engine
 from engine.decode import DecodeStep
 from storage import DocumentRecord, DocumentStore, PageSpan, ResultCache, StorageError, TieredKVPool
+from storage.kv_files import file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -102,14 +103,6 @@ class AskEvent:
 # the app shows it as a warning, never as an answer.
 NOT_FOUND_ANSWER = "not found"
 ANSWER_MEMO = "answer-v2"  # {"document_ids": [...], "result": AskResult as JSON}
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _page_label(pages: list, start: int, end: int) -> str:
@@ -265,15 +258,15 @@ class DocQA:
         self.discard_uploads(doc_id)
         return found
 
-    def discard_uploads(self, doc_id: str | None = None) -> None:
-        """Removes uploaded files from the app's temporary folder: those holding document `doc_id`'s
-        bytes, or (None) all of them."""
+    def discard_uploads(self, doc_id: str) -> None:
+        """Removes the uploaded files holding document `doc_id`'s bytes from the app's temporary
+        folder, and the folders they leave empty."""
         for path in sorted(self.upload_dir.rglob("*"), reverse=True) if self.upload_dir.exists() else []:
             with contextlib.suppress(OSError):
                 if path.is_dir():
                     if not any(path.iterdir()):
                         path.rmdir()
-                elif doc_id is None or _file_sha256(path) == doc_id:
+                elif file_sha256(path) == doc_id:
                     path.unlink()
 
     def discard_upload_file(self, path: str | Path) -> None:

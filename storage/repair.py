@@ -47,11 +47,12 @@ def _stamp() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def _database_words(root: Path) -> tuple[str, bool]:
-    health = database_health(root / DB_FILE)
+def _database_words(path: Path) -> tuple[str, bool]:
+    """The database file's state in words, and whether it is sound."""
+    health = database_health(path)
     if health.state == "ok":
         return "ok", True
-    words = {"absent": f"{health.detail}", "no_library": "holds no library", "damaged": f"damaged ({health.detail})"}
+    words = {"absent": health.detail, "no_library": "holds no library", "damaged": f"damaged ({health.detail})"}
     return words[health.state], False
 
 
@@ -60,10 +61,10 @@ def diagnose(root: str | Path) -> RepairReport:
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
         return RepairReport("absent", [f"{root} is not a folder"])
-    state, ok = _database_words(root)
+    state, ok = _database_words(root / DB_FILE)
     report = RepairReport(state)
     if not ok:
-        backup_state, backup_ok = _database_words_of(root / BACKUP_FILE)
+        backup_state, backup_ok = _database_words(root / BACKUP_FILE)
         report.problems.append(f"the database {root / DB_FILE} is {state}; repair restores it from "
                                + ("its backup" if backup_ok else f"the files (the backup is {backup_state})"))
         return report
@@ -86,7 +87,7 @@ def repair(root: str | Path) -> RepairReport:
         return RepairReport("absent", [f"{root} is not a folder"])
     if _read_only(root):
         return RepairReport("unknown", [f"{root} is read-only: nothing can be repaired there"])
-    state, ok = _database_words(root)
+    state, ok = _database_words(root / DB_FILE)
     report = RepairReport(state)
     db_path = root / DB_FILE
     if not ok:
@@ -99,7 +100,7 @@ def repair(root: str | Path) -> RepairReport:
                 path.rename(aside)
                 report.actions.append(f"moved {path.name} aside to {aside.name}")
         backup = root / BACKUP_FILE
-        _, backup_ok = _database_words_of(backup)
+        _, backup_ok = _database_words(backup)
         if backup_ok:
             shutil.copyfile(backup, db_path)
             taken = datetime.fromtimestamp(backup.stat().st_mtime, timezone.utc).isoformat(timespec="seconds")
@@ -112,11 +113,6 @@ def repair(root: str | Path) -> RepairReport:
     _check_rows(store, report, apply=True)
     store.backup()
     return report
-
-
-def _database_words_of(path: Path) -> tuple[str, bool]:
-    health = database_health(path)
-    return health.state if health.state != "ok" else "ok", health.state == "ok"
 
 
 def _read_only(root: Path) -> bool:

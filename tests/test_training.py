@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -262,3 +263,95 @@ def test_lookup_examples_ask_training_wordings_of_facts_in_real_text():
     with pytest.raises(ValueError, match="needs the corpus's real text"):
         TaskSampler(_corpus(), lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=3,
                     task_weights={"lookup": 1})
+
+
+def test_pooling_kv_heads_keeps_the_function_when_grouped_heads_agree():
+    """GQA conversion: where the KV heads of a group are equal, their mean is each of them, so the
+    pooled model (fewer KV heads) computes what the original did; where they differ it does not."""
+    from engine.attention import BACKENDS, dense_mask
+    from engine.model import DiffusionLM
+    from training.train import pool_kv_heads
+
+    cfg = dataclasses.replace(model_config(TOK, num_layers=2, hidden_size=384, num_kv_heads=6),
+                              intermediate_size=96)
+    torch.manual_seed(0)
+    model = DiffusionLM(cfg).eval()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    for name, t in state.items():  # make heads 0-2 and 3-5 share K and V
+        if ".k_proj." in name or ".v_proj." in name:
+            heads = t.view(6, cfg.head_dim, -1)
+            heads[1:3] = heads[0]
+            heads[4:6] = heads[3]
+    model.load_state_dict(state)
+    pooled_cfg = dataclasses.replace(cfg, num_kv_heads=2)
+    pooled = DiffusionLM(pooled_cfg).eval()
+    pooled.load_state_dict(pool_kv_heads(state, cfg, 2))
+    ids = torch.randint(10, cfg.vocab_size, (1, 37))
+    pos = torch.arange(37)[None]
+    mask = dense_mask(torch.ones(1, 1, 37, 37, dtype=torch.bool))
+
+    def logits(m):
+        with torch.no_grad():
+            return m(ids, pos, mask, BACKENDS["sdpa"], logits_rows="all").logits
+
+    want, got = logits(model), logits(pooled)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert pooled_cfg.num_kv_heads * cfg.head_dim == pooled.layers[0].self_attn.k_proj.out_features
+    with pytest.raises(ValueError, match="cannot pool"):
+        pool_kv_heads(state, cfg, 4)
+    state[next(n for n in state if ".k_proj." in n)].view(6, cfg.head_dim, -1)[1] += 1.0  # heads differ
+    pooled.load_state_dict(pool_kv_heads(state, cfg, 2))
+    model.load_state_dict(state)
+    assert not torch.allclose(logits(pooled), logits(model), atol=1e-3)
+
+
+def test_sentence_questions_are_answered_by_a_span_of_their_sentence():
+    from training.sentence_questions import RULES, TRAINING_WORDINGS, questions_for
+
+    cases = {
+        "The default port is 8080.": ("default_is", "8080", "What is the default port?"),
+        "The default sort order is ascending unless --reverse is given.": ("default_is", "ascending", None),
+        "The strict mode defaults to off.": ("defaults_to", "off", "What does strict mode default to?"),
+        "dbus-send was written by Philip Blundell.": ("written_by", "Philip Blundell", "Who wrote dbus-send?"),
+        "PEP stands for Python Enhancement Proposal.": ("stands_for", "Python Enhancement Proposal", None),
+        "Munin node listens on port 4949 for its master.": ("port", "4949", None),
+    }
+    for sentence, (rule, answer, question) in cases.items():
+        (q,) = questions_for(sentence)
+        assert (q.rule, q.answer) == (rule, answer), sentence
+        assert len(q.questions) == len(TRAINING_WORDINGS[rule]) + 1
+        if question:
+            assert q.questions[0] == question
+    assert questions_for("It defaults to off.") == []  # a pronoun is no subject to ask about
+    assert questions_for("The grass is green.") == []
+    assert all(len(TRAINING_WORDINGS[r.name]) == len(r.wordings) - 1 >= 2 for r in RULES)
+
+
+def test_sentence_qa_examples_hold_their_answer_or_say_not_found():
+    from training import relations
+    from training.sentence_questions import HELD_OUT_WORDING
+
+    items = [{"context": f"Options are read at start. The default timeout is {i} seconds. Restart to apply.",
+              "answer": str(i), "questions": ["What is the default timeout?", "Which timeout is used by default?"]}
+             for i in range(20)]
+    corpus = _corpus() | {"text_paragraphs": _flat([TOK.encode(f" Paragraph {i} of plain text.").ids
+                                                    for i in range(50)]),
+                          "sentence_questions": items}
+    layout = make_layout(BUNDLED_MODEL, model_config(TOK))
+    sampler = TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=5,
+                          task_weights={"sentence_qa": 1})
+    not_found = 0
+    for _ in range(100):
+        ex = sampler.sample(4, scoring_share=0.0)
+        question = TOK.decode(ex.question_ids)
+        assert question in items[0]["questions"] and question != HELD_OUT_WORDING["default_is"]
+        answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+        if answer == relations.NOT_FOUND:
+            not_found += 1
+            assert not any("default timeout" in TOK.decode(c) for c in ex.chunks)
+        else:
+            assert any(f"default timeout is {answer} seconds" in TOK.decode(c) for c in ex.chunks)
+    assert 3 < not_found < 35
+    with pytest.raises(ValueError, match="sentence_qa task needs"):
+        TaskSampler(_corpus() | {"text_paragraphs": corpus["text_paragraphs"]}, lambda s: TOK.encode(s).ids,
+                    TOK.decode, layout, 128, 64, seed=3, task_weights={"sentence_qa": 1})

@@ -25,6 +25,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from app.random_checkpoint import LLADA_CHAT_TEMPLATE, LLADA_SPECIALS
 from app.sentences import split_sentences
+from training.sentence_questions import questions_for
 
 VOCAB_SIZE = 8192
 HOLDOUT = 1000
@@ -64,21 +65,49 @@ def synthetic_lines(rng: random.Random, adjs: list[str], nouns: list[str], n: in
     return out
 
 
-def text_paragraphs(corpus_dir: Path, limit: int, rng: random.Random) -> list[str]:
-    """Paragraphs of the corpus's training kinds (never its held-out ones), of 60-1200 characters,
-    shuffled with `rng`, at most `limit`."""
+def _training_paragraphs(corpus_dir: Path):
+    """Every paragraph of the corpus's training kinds (never its held-out ones), in corpus order."""
     from training.corpus import read_shard
 
     manifest = json.loads((corpus_dir / "manifest.json").read_text())
-    out = []
     for kind, shards in sorted(manifest["shards"].items()):
         if kind in manifest["held_out_kinds"]:
             continue
         for shard in shards:
             for doc in read_shard(corpus_dir / shard):
-                out += [p for p in doc.split("\n\n") if 60 <= len(p) <= 1200]
+                yield from doc.split("\n\n")
+
+
+def text_paragraphs(corpus_dir: Path, limit: int, rng: random.Random) -> list[str]:
+    """Paragraphs of the corpus's training kinds of 60-1200 characters, shuffled with `rng`, at most
+    `limit`."""
+    out = [p for p in _training_paragraphs(corpus_dir) if 60 <= len(p) <= 1200]
     rng.shuffle(out)
     return out[:limit]
+
+
+def sentence_question_examples(corpus_dir: Path, context_chars: int = 450) -> list[dict]:
+    """training.sentence_questions over every training paragraph: the question's sentence with its
+    neighbours (at most `context_chars`, so that it fits one chunk), the answer, the training wordings."""
+    from training.sentence_questions import TRAINING_WORDINGS
+
+    out = []
+    for paragraph in _training_paragraphs(corpus_dir):
+        sents = split_sentences(paragraph)
+        for i, sent in enumerate(sents):
+            for q in questions_for(sent):
+                lo, hi = i, i + 1
+                while True:  # one more sentence on each side while it fits
+                    before = (lo, hi)
+                    if lo > 0 and len(" ".join(sents[lo - 1:hi])) <= context_chars:
+                        lo -= 1
+                    if hi < len(sents) and len(" ".join(sents[lo:hi + 1])) <= context_chars:
+                        hi += 1
+                    if (lo, hi) == before:
+                        break
+                n = len(TRAINING_WORDINGS[q.rule])
+                out.append({"context": " ".join(sents[lo:hi]), "answer": q.answer, "questions": list(q.questions[:n])})
+    return out
 
 
 def train_tokenizer(texts: list[str]) -> Tokenizer:
@@ -154,6 +183,8 @@ def main() -> None:
         texts = text_paragraphs(args.corpus, args.max_text_paragraphs, rng)
         extra["text_paragraphs"] = flat(enc([" " + t for t in texts]))
         print(f"real text: {len(texts)} paragraphs, {len(extra['text_paragraphs']['tokens'])} tokens")
+        extra["sentence_questions"] = sentence_question_examples(args.corpus)
+        print(f"questions from the corpus's sentences: {len(extra['sentence_questions'])}")
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save(extra | {
         "essay_sentences": flat(essay_ids),

@@ -11,7 +11,8 @@ words, UUIDs as keys and values; essay, repeated and needle haystacks), key-valu
 extractive QA over HotpotQA paragraphs, "which document mentions X", and lookups: facts of the
 training relation families (training.relations) placed in real text, asked in the training
 wordings and framings, with a fact of the same family about another subject beside them, and
-sometimes not there at all (the answer is then relations.NOT_FOUND).
+sometimes not there at all (the answer is then relations.NOT_FOUND); and questions made from the
+corpus's own sentences (training.sentence_questions), over their real context.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class Layout:
 # variants the evaluation showed weakest (see the model card).
 # A task left out of a weights dict has weight 0 ("lookup" is 0 by default, so the default stream
 # is that of runs 1-8).
-TASK_WEIGHTS = {"niah": 10, "kv_retrieval": 2, "hotpot": 3, "which_document": 2, "lookup": 0}
+TASK_WEIGHTS = {"niah": 10, "kv_retrieval": 2, "hotpot": 3, "which_document": 2, "lookup": 0, "sentence_qa": 0}
 LOOKUP_NOT_FOUND_SHARE = 0.15
 NIAH_VARIANT_WEIGHTS = {"single": 4, "multikey": 3, "multivalue": 2, "multiquery": 2}
 
@@ -79,8 +80,10 @@ class TaskSampler:
         given = self.niah_variant_weights
         if set(given) != set(known) or any(w < 0 for w in given.values()) or not any(given.values()):
             raise ValueError(f"weights must name exactly {sorted(known)} with non-negative values, got {given}")
-        if self.task_weights["lookup"] and "text_paragraphs" not in corpus:
-            raise ValueError("the lookup task needs the corpus's real text (training.prepare --corpus)")
+        for task, needs in (("lookup", "text_paragraphs"), ("sentence_qa", "text_paragraphs"),
+                            ("sentence_qa", "sentence_questions")):
+            if self.task_weights[task] and not corpus.get(needs):
+                raise ValueError(f"the {task} task needs the corpus's real text (training.prepare --corpus)")
         self.encode, self.decode = encode, decode  # str -> list[int], list[int] -> str
         self.layout, self.c, self.answer_len = layout, chunk_size, answer_len
         self.sent_tok, self.sent_off = corpus["essay_sentences"]["tokens"], corpus["essay_sentences"]["offsets"]
@@ -92,6 +95,7 @@ class TaskSampler:
         text = corpus.get("text_paragraphs")  # real English (training.corpus), for the lookup haystacks
         self.text_tok, self.text_off = (text["tokens"], text["offsets"]) if text else (None, None)
         self.split = relations.split()
+        self.sentence_questions = corpus.get("sentence_questions", [])  # training.prepare
 
     # ---- random values in RULER's formats --------------------------------------------------------
 
@@ -299,6 +303,19 @@ class TaskSampler:
         chunks = [self._chunk_with(needles, "text") for needles in per_chunk]
         question = relations.frame(asked.question(r.choice(sp.train_wordings(family))), r.choice(sp.train_framings))
         return Example(chunks, self.encode(question), self._answer(asked.value if answerable else relations.NOT_FOUND))
+
+    def sentence_qa(self, k: int) -> Example:
+        """A question made from a real sentence (training.sentence_questions), in a training
+        wording, over that sentence's own context among real paragraphs; sometimes (the lookup
+        task's share) the context is left out and the answer is "not found"."""
+        r = self.rng
+        item = r.choice(self.sentence_questions)
+        chunks = [self._chunk_with([], "text") for _ in range(k)]
+        answerable = r.random() >= LOOKUP_NOT_FOUND_SHARE
+        if answerable:
+            chunks[r.randrange(k)] = self.encode(" " + item["context"])[: self.c - 1]
+        answer = item["answer"] if answerable else relations.NOT_FOUND
+        return Example(chunks, self.encode(r.choice(item["questions"])), self._answer(answer))
 
     def sample(self, k: int, scoring_share: float = 0.2) -> Example:
         r = self.rng

@@ -180,6 +180,22 @@ def export(model: DiffusionLM, cfg: ModelConfig, model_dir: Path, runs: list[dic
     path.write_text(json.dumps(merged, indent=2))
 
 
+def pool_kv_heads(state: dict[str, torch.Tensor], cfg: ModelConfig, kv_heads: int) -> dict[str, torch.Tensor]:
+    """The same weights with each group of cfg.num_kv_heads // kv_heads consecutive KV heads replaced
+    by their mean (GQA conversion, Ainslie et al. 2023): query head h then reads KV head
+    h // (num_heads // kv_heads), the group it belonged to. k/v_proj rows are [Hkv * D]; the model
+    needs training after it (the mean is a starting point, not the same function)."""
+    if kv_heads < 1 or cfg.num_kv_heads % kv_heads or cfg.num_heads % kv_heads:
+        raise ValueError(f"cannot pool {cfg.num_kv_heads} KV heads ({cfg.num_heads} query heads) into {kv_heads}")
+    group = cfg.num_kv_heads // kv_heads
+    pooled = dict(state)
+    for name, t in state.items():
+        if ".k_proj." in name or ".v_proj." in name:  # weight [Hkv * D, hidden] or bias [Hkv * D]
+            grouped = t.reshape(kv_heads, group, cfg.head_dim, *t.shape[1:])
+            pooled[name] = grouped.mean(dim=1).reshape(kv_heads * cfg.head_dim, *t.shape[1:])
+    return pooled
+
+
 def _start_data_parallel() -> tuple[int, int]:
     """(rank, world size): joins the process group when started by torchrun, else (0, 1)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -212,6 +228,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8, help="layers of a model trained from scratch")
     ap.add_argument("--hidden", type=int, default=384, help="hidden size of a model trained from scratch")
     ap.add_argument("--kv-heads", type=int, default=2, help="KV heads of a model trained from scratch (GQA)")
+    ap.add_argument("--pool-kv-heads", type=int, default=None,
+                    help="with --init-from: average the model's KV heads in groups down to this many "
+                         "(grouped-query attention from a multi-head model), then train on")
     ap.add_argument("--start-stage", type=int, default=0, help="first curriculum stage (with --init-from)")
     ap.add_argument("--task-weights", type=_weights, default=dict(TASK_WEIGHTS),
                     help="task draw weights, e.g. niah=12,kv_retrieval=2,hotpot=2,which_document=1")
@@ -236,6 +255,8 @@ def main() -> None:
         cfg = ModelConfig(**resumed["config"])
     elif args.init_from:
         cfg = read_model_config(args.init_from)
+        if args.pool_kv_heads is not None:
+            cfg = dataclasses.replace(cfg, num_kv_heads=args.pool_kv_heads)
     else:
         cfg = model_config(tok, args.layers, args.hidden, args.kv_heads)
     layout = make_layout(args.model_dir, cfg)
@@ -253,7 +274,10 @@ def main() -> None:
     if args.init_from is not None:
         from engine.weights import load_model
 
-        model.load_state_dict(load_model(args.init_from, device=device, dtype=torch.float32).state_dict())
+        start_state = load_model(args.init_from, device=device, dtype=torch.float32).state_dict()
+        if args.pool_kv_heads is not None:
+            start_state = pool_kv_heads(start_state, read_model_config(args.init_from), args.pool_kv_heads)
+        model.load_state_dict(start_state)
         earlier = args.init_from / "docqa.json"
         earlier_runs = json.loads(earlier.read_text()).get("training", {}).get("runs", []) if earlier.exists() else []
     if resumed is not None:
@@ -348,6 +372,7 @@ def main() -> None:
             "task_weights": args.task_weights, "niah_variant_weights": args.niah_variant_weights,
             "multiquery_keys": args.multiquery_keys,
             "init_from": str(args.init_from) if args.init_from else None, "start_stage": args.start_stage,
+            "pool_kv_heads": args.pool_kv_heads,
             "lr": args.lr, "total_minutes": args.total_minutes}
     runs = [*earlier_runs, meta]
     args.checkpoint.parent.mkdir(parents=True, exist_ok=True)

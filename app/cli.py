@@ -44,12 +44,24 @@ def _positive(kind):
     return parse
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
+
+
 def _add_question_limits(p: argparse.ArgumentParser) -> None:
     """Overrides of ServiceConfig's limits (None keeps its defaults)."""
     p.add_argument("--max-question-tokens", type=_positive(int), default=None,
                    help="refuse longer questions (default 512)")
     p.add_argument("--request-timeout", type=_positive(float), default=None,
                    help="seconds a question may hold the model before it is stopped (default 300)")
+    p.add_argument("--prefilter-chunks", type=_count, default=None, metavar="M",
+                   help="chunks the scorer sees, the best M by BM25; 0 scores every chunk (default: the model's, 64)")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -94,6 +106,8 @@ def _build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--modes", nargs="+", default=["static", "joint", "dense"])
     ev.add_argument("--max-samples", type=int, default=None, help="per task and length")
     ev.add_argument("--dense-max-tokens", type=int, default=16384, help="skip dense above this context length")
+    ev.add_argument("--prefilter", type=int, nargs="+", default=[0], metavar="M",
+                    help="BM25 prefilter sizes to run static and joint with (0: every chunk scored), e.g. 0 32 64")
     ev.add_argument("--device", default=None)
     ev.add_argument("--out", type=Path, default=Path("eval-out"))
 
@@ -291,9 +305,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         samples = kept
     args.out.mkdir(parents=True, exist_ok=True)
     rows = evaluate(engine, samples, args.modes, model_defaults(args.model).chunk_size, args.dense_max_tokens,
-                    progress=lambda line: print(line, file=sys.stderr, flush=True), rows_path=args.out / "rows.jsonl")
+                    progress=lambda line: print(line, file=sys.stderr, flush=True), rows_path=args.out / "rows.jsonl",
+                    prefilters=tuple(args.prefilter))
     write_reports(rows, args.out, {"model": str(args.model), "device": str(engine.device),
-                                   "modes": args.modes, "lengths": args.lengths})
+                                   "modes": args.modes, "lengths": args.lengths, "prefilter": args.prefilter})
     print(summarize(rows))
     return EXIT_OK
 
@@ -302,7 +317,8 @@ def _service(args: argparse.Namespace, **kw):
     from app.service import DocQA, ServiceConfig
 
     limits = {"max_question_tokens": getattr(args, "max_question_tokens", None),
-              "request_timeout_s": getattr(args, "request_timeout", None)}
+              "request_timeout_s": getattr(args, "request_timeout", None),
+              "prefilter_chunks": getattr(args, "prefilter_chunks", None)}
     return DocQA(ServiceConfig(data_dir=args.data_dir, model_dir=args.model or BUNDLED_MODEL, device=args.device,
                                **kw, **{k: v for k, v in limits.items() if v is not None}))
 

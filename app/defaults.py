@@ -28,6 +28,8 @@ class ModelDefaults:
     threshold: float = 0.9
     kv_mode: str = "static"
     position_mode: str = "continuous"
+    # Chunks the predictive scorer sees, the top ones by BM25 (app.prefilter); 0: every chunk.
+    prefilter_chunks: int = 64
 
 
 def model_defaults(folder: Path | None) -> ModelDefaults:

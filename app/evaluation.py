@@ -17,8 +17,11 @@ import torch
 
 from app import ruler
 from app.defaults import answer_params, model_defaults
-from app.kv_service import prefill_text
-from engine import Engine
+from app.kv_service import chunk_records, prefill_text
+from app.prefilter import PREFILTER_ALL, candidate_chunks
+from engine import DocumentKV, Engine
+from engine.kv_cache import take_chunks
+from storage.chunk_index import index_texts, search
 
 
 @dataclass
@@ -36,12 +39,27 @@ class EvalRow:
     # Share of the answer-holding chunks among the selected (multi-value tasks need all of them).
     needle_recall: float | None = None
     chunks_selected: int | None = None  # how many chunks the answer was decoded over (None: not recorded)
+    # With a BM25 prefilter: its M, and the share of the answer-holding chunks among its candidates.
+    prefilter: int = PREFILTER_ALL
+    candidate_recall: float | None = None
+
+
+def prefiltered(doc: DocumentKV, chunk_texts: list[str], question: str, m: int) -> list[int]:
+    """The chunks a question's scorer sees with a BM25 prefilter of M (app.prefilter), over an
+    in-memory index of this one document: the app's rule without a store."""
+    if not m or doc.num_chunks <= m:
+        return list(range(doc.num_chunks))
+    hits = search(index_texts(chunk_texts), question, [0], m)
+    return candidate_chunks([(0, h.ordinal) for h in hits], [doc.num_chunks], m)[0]
 
 
 def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chunk_size: int,
-             dense_max_tokens: int, progress=print, rows_path: Path | None = None) -> list[EvalRow]:
+             dense_max_tokens: int, progress=print, rows_path: Path | None = None,
+             prefilters: tuple[int, ...] = (PREFILTER_ALL,)) -> list[EvalRow]:
     """Runs every sample in every mode; each row is also appended to `rows_path` (JSON lines) as
-    soon as it is scored, so an interrupted evaluation keeps what it measured."""
+    soon as it is scored, so an interrupted evaluation keeps what it measured. `prefilters`: the
+    BM25 prefilter sizes M to run the chunk-selecting modes with (0: every chunk scored); a row
+    with M > 0 is labelled "<mode>+bm25@M"."""
     rows = []
     for s in samples:
         start = time.perf_counter()
@@ -54,24 +72,30 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
                 tok = next((i for i, (_, b) in enumerate(offsets) if b > at), None)
                 if tok is not None:  # the chunk whose content holds that token
                     needle_chunks.add(int(torch.searchsorted(doc.content_starts, tok, right=True)) - 1)
-        for mode in modes:
+        texts = [c.text for c in chunk_records(doc, offsets, s.context, [])]
+        runs = [(mode, m) for mode in modes for m in (prefilters if mode in ("static", "joint") else (PREFILTER_ALL,))]
+        for mode, m in runs:
             if mode == "dense" and len(offsets) > dense_max_tokens:
                 continue
             t = time.perf_counter()
-            result = engine.answer(doc, s.question, answer_params(model_defaults(engine.path), kv_mode=mode))
+            candidates = prefiltered(doc, texts, s.question, m)
+            given = doc if len(candidates) == doc.num_chunks else take_chunks(doc, candidates)
+            result = engine.answer(given, s.question, answer_params(model_defaults(engine.path), kv_mode=mode))
             seconds = time.perf_counter() - t + prefill_s * (mode in ("static", "joint"))
-            chosen = {r.chunk for r in result.trace.selected}
+            chosen = {candidates[r.chunk] for r in result.trace.selected}
             scored = bool(needle_chunks) and mode in ("static", "joint")
             selected = bool(needle_chunks & chosen) if scored else None
             recall = len(needle_chunks & chosen) / len(needle_chunks) if scored else None
-            row = EvalRow(s.task, s.length, s.index, mode, ruler.score(s.task, result.text, s.outputs),
+            seen = len(needle_chunks & set(candidates)) / len(needle_chunks) if scored else None
+            label = f"{mode}+bm25@{m}" if m else mode
+            row = EvalRow(s.task, s.length, s.index, label, ruler.score(s.task, result.text, s.outputs),
                           result.text, [str(o) for o in s.outputs], s.depth, selected, seconds, recall,
-                          len(result.trace.selected))
+                          len(result.trace.selected), m, seen)
             rows.append(row)
             if rows_path is not None:
                 with open(rows_path, "a") as f:
                     f.write(json.dumps(asdict(row)) + "\n")
-            progress(f"{s.task} {s.length} #{s.index} {mode}: {row.score:.2f} ({row.seconds:.1f} s) "
+            progress(f"{s.task} {s.length} #{s.index} {label}: {row.score:.2f} ({row.seconds:.1f} s) "
                      f"{result.text[:40]!r} vs {row.outputs[:2]}")
     return rows
 
@@ -100,6 +124,10 @@ def summarize(rows: list[EvalRow]) -> str:
         if every:
             out.append(f"\nanswer-holding chunks selected, on average: {100 * sum(every) / len(every):.1f}% "
                        f"(all of them in {sum(v == 1.0 for v in every)} of {len(every)} samples)")
+        seen = [r.candidate_recall for r in sub if r.candidate_recall is not None and r.prefilter]
+        if seen:
+            out.append(f"\nanswer-holding chunks among the BM25 prefilter's candidates: "
+                       f"{100 * sum(seen) / len(seen):.1f}% ({len(seen)} samples)")
         kept = [r.chunks_selected for r in sub if r.chunks_selected is not None]
         if kept:
             out.append(f"\nchunks decoded over, on average: {sum(kept) / len(kept):.2f} "

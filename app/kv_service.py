@@ -14,9 +14,11 @@ from dataclasses import replace
 
 import torch
 
+from app.prefilter import candidate_chunks
 from app.sentences import sentence_starts
 from engine import DocumentKV, Engine
 from engine.chunking import token_breaks
+from engine.kv_cache import take_chunks
 from engine.prefill import ProgressFn
 from storage import ChunkRecord, DocumentStore, KVFileError, KVKey, PageSpan, StorageError, TieredKVPool
 from storage.kv_files import KV_FORMAT
@@ -123,6 +125,42 @@ class DocumentKVService:
             except KVFileError as exc:
                 logger.warning("recomputing the KV of %s: %s", doc_id, exc)
         return self._prefill_and_save(key, progress, must_persist)
+
+    def get_chunks(self, doc_id: str, chunk_size: int, ordinals: list[int]) -> DocumentKV:
+        """Some chunks of the document's KV (sorted ordinals), on the engine's device: from a pooled
+        whole copy when there is one, else read from its files alone (memory-mapped), so a question
+        over a long document holds only the chunks it scores. Prefills first if needed."""
+        key = self.key(doc_id, chunk_size)
+        hit = self.pool.get(key)
+        if hit is not None:
+            return take_chunks(tensors_to_kv(hit), ordinals)
+        record = self.store.find_kv(key)
+        if record is None:
+            return take_chunks(self.get(doc_id, chunk_size), ordinals)
+        try:
+            tensors = self.store.load_kv_chunks(record, CHUNK_AXIS, ordinals, "cpu")
+        except KVFileError as exc:
+            logger.warning("recomputing the KV of %s: %s", doc_id, exc)
+            return take_chunks(self.get(doc_id, chunk_size), ordinals)
+        for name in ("keys", "values"):
+            tensors[name] = tensors[name].to(self.engine.device, self.engine.dtype)
+        return tensors_to_kv(tensors)
+
+    def num_chunks(self, doc_id: str, chunk_size: int) -> int:
+        record = self.store.find_kv(self.key(doc_id, chunk_size))
+        return record.num_chunks if record is not None else len(self.chunks(doc_id, chunk_size))
+
+    def candidates(self, doc_ids: list[str], chunk_size: int, question: str, m: int | None) -> list[list[int]]:
+        """Per document, the chunks the question's scorer will see (app.prefilter): all of them, or
+        the top M by BM25 over the documents together, filled evenly when fewer match."""
+        counts = [self.num_chunks(d, chunk_size) for d in doc_ids]
+        if not m or sum(counts) <= m:
+            return [list(range(n)) for n in counts]
+        records = [self.store.find_kv(self.key(d, chunk_size)) for d in doc_ids]
+        by_cache = {r.id: i for i, r in enumerate(records) if r is not None}
+        hits = [(by_cache[h.cache_id], h.ordinal)
+                for h in self.store.search_chunks(question, list(by_cache), m)]
+        return candidate_chunks(hits, counts, m)
 
     def chunks(self, doc_id: str, chunk_size: int) -> list[ChunkRecord]:
         """Chunk metadata for citations (prefilling first if this chunking was never computed)."""

@@ -25,6 +25,7 @@ import torch
 from app.defaults import BUNDLED_MODEL, ModelDefaults, answer_params, model_defaults
 from app.ingest import IngestError, extract
 from app.kv_service import DocumentKVService
+from app.prefilter import PREFILTER_ALL
 from engine import AnswerParams, AnswerResult, Engine
 from engine.decode import DecodeStep
 from storage import DocumentRecord, DocumentStore, PageSpan, ResultCache, StorageError, TieredKVPool
@@ -48,6 +49,7 @@ class ServiceConfig:
     weak_score: float | None = None  # warn below this best chunk score (default: the model's)
     max_question_tokens: int = 512  # longer questions are refused (scoring cost grows with them)
     request_timeout_s: float = 300.0  # a question holds the model at most this long
+    prefilter_chunks: int | None = None  # BM25 candidates a question scores (None: the model's default; 0: all)
 
 
 class QuestionStopped(RuntimeError):
@@ -316,20 +318,29 @@ class DocQA:
 
     def ask(self, question: str, document_ids: list[str], params: AnswerParams | None = None,
             conversation_id: str | None = None, chunk_size: int | None = None,
-            cancel: threading.Event | None = None) -> Iterator[AskEvent]:
+            cancel: threading.Event | None = None, prefilter_chunks: int | None = None) -> Iterator[AskEvent]:
         """Streams the answer as it is denoised, then the cited result (also stored in SQLite).
 
         Raises ValueError for a question that cannot be asked (empty, too long, no or unknown
         documents), QuestionStopped when `cancel` is set or the time budget runs out; the model is
-        free again then. Closing the generator also frees it (at the next decode step)."""
+        free again then. Closing the generator also frees it (at the next decode step).
+
+        `prefilter_chunks`: how many chunks, the best by BM25, the scorer sees (None: the model's
+        default; 0: all). Absolute positions place every chunk at its ordinal, so they score all."""
         question = self.check_question(question)
         if not document_ids:
             raise ValueError("choose at least one document")
         records = [self._askable(doc_id) for doc_id in dict.fromkeys(document_ids)]
         params = params or self.params()
         size = chunk_size or self.defaults.chunk_size
+        m = next(v for v in (prefilter_chunks, self.config.prefilter_chunks, self.defaults.prefilter_chunks)
+                 if v is not None)
+        if m < 0:
+            raise ValueError(f"prefilter_chunks must be 0 (all chunks) or more, got {m}")
+        if params.position_mode == "absolute":
+            m = PREFILTER_ALL
         request_key = hashlib.sha256(json.dumps(
-            [question, sorted(r.id for r in records), repr(params), size, self.kv.fingerprint]).encode()).hexdigest()
+            [question, sorted(r.id for r in records), repr(params), size, m, self.kv.fingerprint]).encode()).hexdigest()
         if conversation_id is None and not self.read_only:
             conversation_id = self.store.create_conversation(question[:80])
         hit = self.memo.get(ANSWER_MEMO, request_key)
@@ -343,7 +354,9 @@ class DocQA:
         try:
             stop = self._stopper(cancel)
             start = time.perf_counter()
-            docs = [self.kv.get(r.id, size) for r in records]
+            candidates = self.kv.candidates([r.id for r in records], size, question, m)
+            docs = [self.kv.get(r.id, size) if len(chosen) == self.kv.num_chunks(r.id, size)
+                    else self.kv.get_chunks(r.id, size, chosen) for r, chosen in zip(records, candidates, strict=True)]
             load_s = time.perf_counter() - start
             stop()
             yield AskEvent("status", "selecting chunks")
@@ -360,7 +373,7 @@ class DocQA:
                     final = event
         finally:
             self._model_lock.release()
-        result = self._build_result(final, records, size, conversation_id or "", load_s)
+        result = self._build_result(final, records, size, conversation_id or "", load_s, candidates)
         self.memo.set(ANSWER_MEMO, request_key, {"document_ids": [r.id for r in records],
                                                  "result": self._result_to_json(result)})
         self._record(result, question, document_ids, params)
@@ -422,21 +435,24 @@ class DocQA:
         return "".join(out).rstrip(MASK_GLYPH) or MASK_GLYPH
 
     def _build_result(self, res: AnswerResult, records: list[DocumentRecord], size: int, conversation_id: str,
-                      load_s: float) -> AskResult:
+                      load_s: float, candidates: list[list[int]]) -> AskResult:
+        """`candidates`: per document, the chunk ordinals the engine was given (its refs index them)."""
         tr = res.trace
         chunk_meta = {i: self.kv.chunks(r.id, size) for i, r in enumerate(records)}
         pages = {i: self.store.pages(r.id) for i, r in enumerate(records)}
         selected = {(c.document, c.chunk) for c in tr.selected}
         scores = []
         for ref, score in zip(tr.candidates, tr.scores, strict=True):
-            meta = chunk_meta[ref.document][ref.chunk]
-            scores.append({"document": records[ref.document].name, "chunk": ref.chunk, "score": score,
+            ordinal = candidates[ref.document][ref.chunk]
+            meta = chunk_meta[ref.document][ordinal]
+            scores.append({"document": records[ref.document].name, "chunk": ordinal, "score": score,
                            "pages": _page_label(pages[ref.document], meta.page_start, meta.page_end),
                            "selected": (ref.document, ref.chunk) in selected})
         citations = []
         for j, (ref, score) in enumerate(zip(tr.selected, tr.selected_scores, strict=True)):
-            meta = chunk_meta[ref.document][ref.chunk]
-            citations.append(Citation(records[ref.document].id, records[ref.document].name, ref.chunk,
+            ordinal = candidates[ref.document][ref.chunk]
+            meta = chunk_meta[ref.document][ordinal]
+            citations.append(Citation(records[ref.document].id, records[ref.document].name, ordinal,
                                       _page_label(pages[ref.document], meta.page_start, meta.page_end), score,
                                       meta.text, tr.kept_tokens[j] if j < len(tr.kept_tokens) else []))
         citations.sort(key=lambda c: -c.score)

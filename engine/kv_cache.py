@@ -58,6 +58,15 @@ class DocumentKV:
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
 
+def take_chunks(doc: DocumentKV, ordinals: list[int]) -> DocumentKV:
+    """The document's KV restricted to some chunks (in the order given): what a question scores
+    when a prefilter keeps M of N chunks. content_starts keep their document offsets."""
+    idx = torch.tensor(ordinals, dtype=torch.long)
+    on_device = idx.to(doc.keys.device)
+    return DocumentKV(keys=doc.keys.index_select(1, on_device), values=doc.values.index_select(1, on_device),
+                      lengths=doc.lengths[idx], tokens=doc.tokens[idx], content_starts=doc.content_starts[idx])
+
+
 def chunk_deltas(mode: str, prefix_len: int, chunk_size: int, ranks_ordinals: torch.Tensor,
                  total_chunks: int) -> tuple[torch.Tensor, int]:
     """Where selected chunks start, and where the question starts (positions).

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 from sqlite_utils import Database, Migrations
 
+from storage.chunk_index import CHUNK_INDEX_DDL
 from storage.errors import DatabaseError, ReadOnlyError
 
 migrations = Migrations("docqa")
@@ -227,3 +228,42 @@ def m005_deletions(db: Database) -> None:
     """Documents being deleted: the rows go in one transaction with this mark, the files after it;
     a crash in between leaves the mark, and recovery finishes removing the files it names."""
     db.execute("CREATE TABLE deleted_documents (id TEXT PRIMARY KEY, deleted_at TEXT NOT NULL) STRICT")
+
+
+@migrations()
+def m006_chunk_index(db: Database) -> None:
+    """A full-text index (SQLite FTS5, BM25 ranking) over every chunk's text, for the first stage
+    of chunk selection (storage.chunk_index). `chunks` gets an INTEGER PRIMARY KEY first: an FTS5
+    index over another table refers to its rows by rowid, and only an INTEGER PRIMARY KEY keeps a
+    row's rowid through VACUUM. Triggers keep the index in step with every insert and delete
+    (cascaded deletes included)."""
+    _run_statements(db, """
+    CREATE TABLE chunks_new (
+        id INTEGER PRIMARY KEY,
+        cache_id INTEGER NOT NULL REFERENCES kv_caches(id) ON DELETE CASCADE,
+        ordinal INTEGER NOT NULL,
+        document_id TEXT NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+        token_start INTEGER NOT NULL,
+        token_end INTEGER NOT NULL,
+        char_start INTEGER NOT NULL,
+        char_end INTEGER NOT NULL,
+        page_start INTEGER NOT NULL,
+        page_end INTEGER NOT NULL,
+        text TEXT NOT NULL,
+        UNIQUE (cache_id, ordinal)
+    ) STRICT;
+    INSERT INTO chunks_new (cache_id, ordinal, document_id, token_start, token_end, char_start, char_end,
+                            page_start, page_end, text)
+        SELECT cache_id, ordinal, document_id, token_start, token_end, char_start, char_end, page_start,
+               page_end, text FROM chunks ORDER BY cache_id, ordinal;
+    DROP TABLE chunks;
+    ALTER TABLE chunks_new RENAME TO chunks;
+    CREATE INDEX chunks_by_document ON chunks(document_id)
+    """)
+    db.execute(CHUNK_INDEX_DDL)
+    db.execute("INSERT INTO chunk_index (chunk_index) VALUES ('rebuild')")
+    # Trigger bodies hold semicolons: each is one statement.
+    db.execute("CREATE TRIGGER chunks_indexed AFTER INSERT ON chunks BEGIN "
+               "INSERT INTO chunk_index (rowid, text) VALUES (new.id, new.text); END")
+    db.execute("CREATE TRIGGER chunks_unindexed AFTER DELETE ON chunks BEGIN "
+               "INSERT INTO chunk_index (chunk_index, rowid, text) VALUES ('delete', old.id, old.text); END")

@@ -135,6 +135,41 @@ def read_kv_shards(root: Path, shards: list[ShardInfo], chunk_axis: dict[str, in
     return out
 
 
+def read_kv_chunks(root: Path, shards: list[ShardInfo], chunk_axis: dict[str, int], ordinals: list[int],
+                   device: torch.device | str, verify_hash: bool) -> dict[str, torch.Tensor]:
+    """Loads only the chunks `ordinals` (sorted, distinct) of a cache: each shard holding some of
+    them is memory-mapped and sliced in runs of consecutive chunks, so a question reads M chunks'
+    bytes, not the document's."""
+    parts: dict[str, list[torch.Tensor]] = {}
+    for shard in shards:
+        inside = [o for o in ordinals if shard.chunk_start <= o < shard.chunk_end]
+        if not inside:
+            continue
+        check_shard(root, shard, verify_hash)
+        runs: list[tuple[int, int]] = []  # [start, end) local to the shard
+        for o in inside:
+            local = o - shard.chunk_start
+            if runs and runs[-1][1] == local:
+                runs[-1] = (runs[-1][0], local + 1)
+            else:
+                runs.append((local, local + 1))
+        try:
+            with safe_open(str(root / shard.path), framework="pt", device="cpu") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    axis = chunk_axis.get(name)
+                    if axis is None:
+                        continue
+                    sl = f.get_slice(name)
+                    lead = (slice(None),) * axis
+                    parts.setdefault(name, []).extend(sl[(*lead, slice(a, b))] for a, b in runs)
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise KVFileError(f"KV file {shard.path} cannot be read: {exc}") from None
+    missing = set(chunk_axis) - set(parts)
+    if missing:
+        raise KVFileError(f"KV files lack tensors: {', '.join(sorted(missing))}")
+    return {name: torch.cat(pieces, dim=chunk_axis[name]).to(device) for name, pieces in parts.items()}
+
+
 def remove_temporaries(folder: Path) -> int:
     """Deletes temporary files and folders left by interrupted writes under `folder`; returns how many."""
     removed = 0

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 from sqlite_utils import Database
 
+from storage.chunk_index import IndexHit, search
 from storage.db import connect, database_health
 from storage.errors import NO_SPACE, READ_ONLY, DatabaseError, ReadOnlyError
 from storage.kv_files import (
@@ -43,6 +44,7 @@ from storage.kv_files import (
     ShardInfo,
     StorageError,
     StorageFullError,
+    read_kv_chunks,
     read_kv_shards,
     remove_temporaries,
     write_kv_shards,
@@ -368,6 +370,11 @@ class DocumentStore:
                     self.db.execute("INSERT OR REPLACE INTO deleted_documents VALUES (?, ?)", [doc_id, _now()])
             self._remove_files_of(doc_id)
             self.db.execute("DELETE FROM deleted_documents WHERE id = ?", [doc_id])
+            if found:
+                # FTS5 records a deletion as a marker beside the old postings; merging the index's
+                # segments drops both, so the document's words leave the file (secure delete then
+                # overwrites the freed pages).
+                self.db.execute("INSERT INTO chunk_index (chunk_index) VALUES ('optimize')")
         self._compact_log()
         self.backup()
         return found
@@ -481,6 +488,29 @@ class DocumentStore:
             self._verified.update(s.path for s in record.files)
         self.touch_kv(record.id)
         return tensors
+
+    def load_kv_chunks(self, record: KVCacheRecord, chunk_axis: dict[str, int], ordinals: list[int],
+                       device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """Reads only some chunks of a cache (sorted, distinct ordinals), with `load_kv`'s checks:
+        a damaged file marks the cache evicted and raises KVFileError."""
+        wanted = {s.path for s in record.files if any(s.chunk_start <= o < s.chunk_end for o in ordinals)}
+        with self._verified_lock:
+            fresh = not wanted <= self._verified
+        try:
+            tensors = read_kv_chunks(self.root, list(record.files), chunk_axis, ordinals, device, verify_hash=fresh)
+        except KVFileError:
+            logger.warning("KV cache %s of document %s is damaged; it will be recomputed", record.id,
+                           record.key.document_id)
+            self.mark_evicted(record.id)
+            raise
+        with self._verified_lock:
+            self._verified.update(wanted)
+        self.touch_kv(record.id)
+        return tensors
+
+    def search_chunks(self, question: str, cache_ids: list[int], limit: int) -> list[IndexHit]:
+        """The best BM25 matches of the question among these caches' chunks (storage.chunk_index)."""
+        return search(self.db.conn, question, cache_ids, limit)
 
     def touch_kv(self, cache_id: int) -> None:
         if not self.read_only:  # the eviction order is the only thing a read changes

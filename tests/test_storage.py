@@ -70,7 +70,7 @@ def test_migrations_apply_to_an_empty_database(tmp_path):
     assert {"documents", "pages", "kv_caches", "kv_files", "chunks", "conversations", "messages"} <= set(
         db.table_names())
     assert [m.name for m in migrations.applied(db)] == ["m001_initial", "m002_jobs", "m003_collections",
-                                                        "m004_kv_chunking", "m005_deletions"]
+                                                        "m004_kv_chunking", "m005_deletions", "m006_chunk_index"]
     assert db.journal_mode == "wal"
     assert next(db.query("PRAGMA foreign_keys"))["foreign_keys"] == 1
     again = connect(tmp_path / "x.sqlite")

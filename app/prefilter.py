@@ -1,0 +1,44 @@
+"""Which chunks a question's predictive scorer sees: all of them, or the top M by BM25.
+
+Scoring every chunk costs a forward pass over every chunk: minutes a question on a CPU for a
+300-page PDF, and the largest term at 1M tokens on a GPU. The prefilter keeps M candidates
+(storage.chunk_index ranks them by BM25), so the scorer's cost is bounded by M whatever the
+documents' size. A question whose words match fewer than M chunks (a paraphrase) gets the rest of
+its M filled with chunks spread evenly over the documents, so the scorer still sees every part of
+them at a coarse stride.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+PREFILTER_ALL = 0  # the setting's value that scores every chunk (the method as published)
+
+
+def candidate_chunks(hits: Sequence[tuple[int, int]], num_chunks: Sequence[int], m: int | None
+                     ) -> list[list[int]]:
+    """Per document, the chunk ordinals to score, in document order.
+
+    hits: (document index, chunk ordinal), best BM25 match first; num_chunks: chunks per document;
+    m: how many candidates in all (None or PREFILTER_ALL: every chunk). Ties in the fill go to the
+    earlier document and chunk, so the choice is a pure function of its inputs."""
+    total = sum(num_chunks)
+    if not m or total <= m:
+        return [list(range(n)) for n in num_chunks]
+    chosen: list[set[int]] = [set() for _ in num_chunks]
+    taken = 0
+    for doc, ordinal in hits:
+        if taken == m:
+            break
+        if 0 <= ordinal < num_chunks[doc] and ordinal not in chosen[doc]:
+            chosen[doc].add(ordinal)
+            taken += 1
+    if taken < m:
+        # The pool's chunks in order; take every stride-th one not already chosen.
+        pool = [(d, j) for d, n in enumerate(num_chunks) for j in range(n) if j not in chosen[d]]
+        need = m - taken
+        stride = len(pool) / need
+        for i in range(need):
+            d, j = pool[int(i * stride)]
+            chosen[d].add(j)
+    return [sorted(c) for c in chosen]

@@ -1,0 +1,123 @@
+"""Two-stage chunk selection: BM25 over the chunks' text (SQLite FTS5), then the predictive scorer
+on the top M only; and reading just those chunks' KV from the files."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+import torch
+
+from app.kv_service import CHUNK_AXIS, kv_to_tensors
+from app.prefilter import candidate_chunks
+from app.service import DocQA, ServiceConfig
+from engine import DocumentKV
+from engine.kv_cache import take_chunks
+from storage.chunk_index import fts_query, index_texts, query_terms, search
+from storage.kv_files import read_kv_chunks, write_kv_shards
+
+
+def test_candidates_are_every_chunk_for_a_small_pool_or_when_off():
+    assert candidate_chunks([(0, 3)], [5, 2], m=8) == [[0, 1, 2, 3, 4], [0, 1]]
+    assert candidate_chunks([(0, 3)], [50], m=0) == [list(range(50))]
+    assert candidate_chunks([(0, 3)], [50], m=None) == [list(range(50))]
+
+
+def test_candidates_take_the_best_hits_then_fill_evenly():
+    hits = [(1, 7), (0, 2), (1, 7), (0, 99), (1, 0)]  # a repeat and an ordinal out of range are skipped
+    got = candidate_chunks(hits, [10, 10], m=3)
+    assert got == [[2], [0, 7]]
+    filled = candidate_chunks([(0, 5)], [40, 40], m=9)
+    assert sum(map(len, filled)) == 9 and 5 in filled[0]
+    assert filled[1], "the fill spreads over every document"
+    assert filled == candidate_chunks([(0, 5)], [40, 40], m=9)  # a pure function
+    assert candidate_chunks([], [40], m=4) == [[0, 10, 20, 30]]
+
+
+def test_questions_become_quoted_content_words():
+    assert query_terms("What is the default port of the Munin node?") == ["default", "port", "munin", "node"]
+    # FTS5 operators and quotes in a question are words, not syntax
+    assert fts_query('Is "NEAR" AND OR NOT (x)*? 7') == '"near" OR "7"'
+    assert fts_query("What is it?") is None
+    conn = index_texts(["alpha beta", 'the "NEAR" operator and friends'])
+    assert [h.ordinal for h in search(conn, 'Is "NEAR" AND OR NOT (x)*?', [0], 5)] == [1]
+
+
+def test_bm25_ranks_the_chunk_holding_the_rare_words_first():
+    texts = ["The harbour logs every ship that enters. " * 3,
+             "The inspection code for the northern reservoir is 73914.",
+             "The reservoir is drained in spring. The harbour is busy.",
+             "Gulls circle the pier at dawn."]
+    conn = index_texts(texts, cache_id=7)
+    hits = search(conn, "What is the inspection code of the northern reservoir?", [7], 10)
+    assert hits[0].ordinal == 1 and hits[0].bm25 < hits[1].bm25 and {h.ordinal for h in hits} == {1, 2}
+    assert search(conn, "inspections", [7], 10)[0].ordinal == 1  # Porter stemming
+    assert search(conn, "inspection", [8], 10) == []  # other caches are not searched
+
+
+def _random_kv(n: int, seed: int = 0) -> DocumentKV:
+    g = torch.Generator().manual_seed(seed)
+    shape = (3, n, 2, 5, 4)  # [L, N, Hkv, C, D], odd sizes
+    keys, values = (torch.randn(shape, generator=g).bfloat16() for _ in range(2))
+    return DocumentKV(keys=keys, values=values,
+                      lengths=torch.randint(1, 6, (n,), generator=g), tokens=torch.randint(0, 99, (n, 5), generator=g),
+                      content_starts=torch.arange(n) * 4)
+
+
+def test_reading_some_chunks_from_the_files_equals_taking_them_from_the_whole(tmp_path):
+    doc = _random_kv(23)
+    tensors = kv_to_tensors(doc)
+    per_chunk = sum(t.numel() * t.element_size() for t in tensors.values()) // 23
+    shards = write_kv_shards(tmp_path, "kv/x", tensors, CHUNK_AXIS, 23, 4 * per_chunk, {})
+    assert len(shards) == 6
+    for ordinals in ([0], [3, 4, 5, 6], [1, 7, 8, 22], list(range(23))):
+        got = read_kv_chunks(tmp_path, shards, CHUNK_AXIS, ordinals, "cpu", verify_hash=True)
+        want = take_chunks(doc, ordinals)
+        for name in CHUNK_AXIS:
+            assert torch.equal(got[name], getattr(want, name)), (name, ordinals)
+
+
+def _long_text(n_paragraphs: int) -> str:
+    topics = ["harbour", "orchard", "railway", "glacier", "bakery", "library", "foundry", "meadow"]
+    paras = [f"Paragraph {i} is about the {topics[i % 8]} district. " + f"The {topics[i % 8]} was quiet that year. " * 6
+             for i in range(n_paragraphs)]
+    paras[37] += " The inspection code for the northern reservoir is 73914."
+    return "\n\n".join(paras)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    return DocQA(ServiceConfig(data_dir=tmp_path_factory.mktemp("data"), device="cpu"))
+
+
+def test_a_question_scores_only_the_prefiltered_chunks_and_cites_real_ordinals(service):
+    info, _ = service.ingest(_long_text(60).encode(), "districts.txt")
+    assert info.chunks > 20
+    question = "What is the inspection code for the northern reservoir?"
+    result = service.answer(question, [info.record.id], prefilter_chunks=6)
+    assert len(result.scores) == 6  # the scorer saw M chunks, not the document's
+    holding = [c for c in service.kv.chunks(info.record.id, service.defaults.chunk_size) if "73914" in c.text]
+    assert holding and holding[0].ordinal in {s["chunk"] for s in result.scores}
+    assert any(c.chunk == holding[0].ordinal and "73914" in c.text for c in result.citations)
+    full = service.answer(question, [info.record.id], prefilter_chunks=0)
+    assert len(full.scores) == info.chunks
+    # The same chunk scores the same whether the scorer saw 6 chunks or all of them.
+    by_chunk = {s["chunk"]: s["score"] for s in full.scores}
+    for s in result.scores:
+        assert s["score"] == pytest.approx(by_chunk[s["chunk"]], abs=1e-4)
+    with pytest.raises(ValueError, match="prefilter_chunks"):
+        service.answer(question, [info.record.id], prefilter_chunks=-1)
+
+
+def test_the_index_follows_documents_in_and_out(service, tmp_path):
+    info, _ = service.ingest(b"The zephyrine lantern festival is held in Velda every May.", "velda.txt")
+    store = service.store
+    record = store.find_kv(service.kv.key(info.record.id, service.defaults.chunk_size))
+    assert [h.ordinal for h in store.search_chunks("zephyrine festival", [record.id], 5)] == [0]
+    service.delete(info.record.id)
+    assert store.search_chunks("zephyrine festival", [record.id], 5) == []
+    conn = sqlite3.connect(store.root / "docqa.sqlite")
+    assert conn.execute("SELECT count(*) FROM chunk_index WHERE chunk_index MATCH 'zephyrine'").fetchone() == (0,)
+    conn.close()
+    raw = b"".join(p.read_bytes() for p in store.root.glob("docqa.sqlite*"))
+    assert b"zephyrine" not in raw.lower()  # the index keeps no copy of a deleted document's words

@@ -18,8 +18,9 @@ def test_bundled_files_fit_the_size_limits():
     assert all(p.stat().st_size <= 15_000_000 for p in weights)
     assert sum(p.stat().st_size for p in weights) <= 32_000_000  # int8 with per-row scales at rest
     cfg = read_model_config(BUNDLED_MODEL)
-    # LLaDA-style: in-place prediction, KV heads from n_kv_heads (run 8 has one per query head).
+    # LLaDA-style: in-place prediction, grouped-query attention with KV heads from n_kv_heads.
     assert cfg.family == "llada" and not cfg.logits_shifted and cfg.num_heads % cfg.num_kv_heads == 0
+    assert 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2 <= 6 * 1024  # KV bytes a token in bf16
     assert json.loads((BUNDLED_MODEL / "config.json").read_text())["n_kv_heads"] == cfg.num_kv_heads
     assert json.loads((BUNDLED_MODEL / "tokenizer_config.json").read_text())["chat_template"]
     d = model_defaults(BUNDLED_MODEL)

@@ -73,7 +73,11 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
                 if tok is not None:  # the chunk whose content holds that token
                     needle_chunks.add(int(torch.searchsorted(doc.content_starts, tok, right=True)) - 1)
         texts = [c.text for c in chunk_records(doc, offsets, s.context, [])]
-        runs = [(mode, m) for mode in modes for m in (prefilters if mode in ("static", "joint") else (PREFILTER_ALL,))]
+        # Absolute positions place each chunk at its ordinal in the document: a subset would move
+        # them, so (as the app does) they always score every chunk.
+        absolute = model_defaults(engine.path).position_mode == "absolute"
+        selecting = ("static", "joint") if not absolute else ()
+        runs = [(mode, m) for mode in modes for m in (prefilters if mode in selecting else (PREFILTER_ALL,))]
         for mode, m in runs:
             if mode == "dense" and len(offsets) > dense_max_tokens:
                 continue

@@ -130,6 +130,8 @@ class DocumentKVService:
         """Some chunks of the document's KV (sorted ordinals), on the engine's device: from a pooled
         whole copy when there is one, else read from its files alone (memory-mapped), so a question
         over a long document holds only the chunks it scores. Prefills first if needed."""
+        if not ordinals:
+            raise ValueError("get_chunks needs at least one chunk")
         key = self.key(doc_id, chunk_size)
         hit = self.pool.get(key)
         if hit is not None:

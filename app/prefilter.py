@@ -20,18 +20,28 @@ def candidate_chunks(hits: Sequence[tuple[int, int]], num_chunks: Sequence[int],
     """Per document, the chunk ordinals to score, in document order.
 
     hits: (document index, chunk ordinal), best BM25 match first; num_chunks: chunks per document;
-    m: how many candidates in all (None or PREFILTER_ALL: every chunk). Ties in the fill go to the
-    earlier document and chunk, so the choice is a pure function of its inputs."""
+    m: how many candidates in all (None or PREFILTER_ALL: every chunk), raised to the number of
+    documents with chunks, since every document asked about gets at least one candidate (the
+    middle chunk of one that no hit reached). Ties in the fill go to the earlier document and
+    chunk, so the choice is a pure function of its inputs."""
     total = sum(num_chunks)
+    present = [d for d, n in enumerate(num_chunks) if n > 0]
+    m = max(m, len(present)) if m else m
     if not m or total <= m:
         return [list(range(n)) for n in num_chunks]
     chosen: list[set[int]] = [set() for _ in num_chunks]
     taken = 0
     for doc, ordinal in hits:
-        if taken == m:
-            break
-        if 0 <= ordinal < num_chunks[doc] and ordinal not in chosen[doc]:
-            chosen[doc].add(ordinal)
+        if not (0 <= ordinal < num_chunks[doc]) or ordinal in chosen[doc]:
+            continue
+        unreached = sum(1 for d in present if not chosen[d] and d != doc)
+        if m - taken <= unreached:  # the rest of the budget is kept for documents without a hit
+            continue
+        chosen[doc].add(ordinal)
+        taken += 1
+    for d in present:
+        if not chosen[d]:
+            chosen[d].add(num_chunks[d] // 2)
             taken += 1
     if taken < m:
         # The pool's chunks in order; take every stride-th one not already chosen.

@@ -31,7 +31,15 @@ def test_candidates_take_the_best_hits_then_fill_evenly():
     assert sum(map(len, filled)) == 9 and 5 in filled[0]
     assert filled[1], "the fill spreads over every document"
     assert filled == candidate_chunks([(0, 5)], [40, 40], m=9)  # a pure function
-    assert candidate_chunks([], [40], m=4) == [[0, 10, 20, 30]]
+    assert candidate_chunks([], [40], m=4) == [[0, 13, 20, 27]]  # the middle one, then a stride
+
+
+def test_every_document_gets_a_candidate_even_when_the_hits_are_all_in_one():
+    hits = [(0, i) for i in range(64)]
+    got = candidate_chunks(hits, [100, 50], m=64)
+    assert sum(map(len, got)) == 64 and got[1] == [25] and len(got[0]) == 63
+    assert candidate_chunks([(0, 1)], [3, 0, 4], m=2) == [[1], [], [2]]
+    assert [len(c) for c in candidate_chunks([], [10, 10, 10], m=2)] == [1, 1, 1]  # M raised to 3 documents
 
 
 def test_questions_become_quoted_content_words():
@@ -121,3 +129,15 @@ def test_the_index_follows_documents_in_and_out(service, tmp_path):
     conn.close()
     raw = b"".join(p.read_bytes() for p in store.root.glob("docqa.sqlite*"))
     assert b"zephyrine" not in raw.lower()  # the index keeps no copy of a deleted document's words
+
+
+def test_a_collection_whose_words_match_one_document_keeps_the_others_cached(service):
+    first, _ = service.ingest(_long_text(40).encode(), "first.txt")
+    second, _ = service.ingest(("The weather was mild. " * 400).encode(), "second.txt")
+    size = service.defaults.chunk_size
+    before = service.store.find_kv(service.kv.key(second.record.id, size))
+    result = service.answer("What is the inspection code for the northern reservoir?",
+                            [first.record.id, second.record.id], prefilter_chunks=4)
+    assert len(result.scores) == 4 and {s["document"] for s in result.scores} == {"first.txt", "second.txt"}
+    after = service.store.find_kv(service.kv.key(second.record.id, size))
+    assert after is not None and after.id == before.id  # not evicted, not prefilled again

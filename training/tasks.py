@@ -311,9 +311,11 @@ class TaskSampler:
         r = self.rng
         item = r.choice(self.sentence_questions)
         chunks = [self._chunk_with([], "text") for _ in range(k)]
-        answerable = r.random() >= LOOKUP_NOT_FOUND_SHARE
+        context = self.encode(" " + item["context"])[: self.c - 1]
+        # A context cut at the chunk's end may lose its answer: then it is not shown at all.
+        answerable = r.random() >= LOOKUP_NOT_FOUND_SHARE and item["answer"] in self.decode(context)
         if answerable:
-            chunks[r.randrange(k)] = self.encode(" " + item["context"])[: self.c - 1]
+            chunks[r.randrange(k)] = context
         answer = item["answer"] if answerable else relations.NOT_FOUND
         return Example(chunks, self.encode(r.choice(item["questions"])), self._answer(answer))
 

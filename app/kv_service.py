@@ -140,7 +140,7 @@ class DocumentKVService:
         if record is None:
             return take_chunks(self.get(doc_id, chunk_size), ordinals)
         try:
-            tensors = self.store.load_kv_chunks(record, CHUNK_AXIS, ordinals, "cpu")
+            tensors = self.store.load_kv(record, CHUNK_AXIS, "cpu", ordinals)
         except KVFileError as exc:
             logger.warning("recomputing the KV of %s: %s", doc_id, exc)
             return take_chunks(self.get(doc_id, chunk_size), ordinals)

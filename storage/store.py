@@ -469,42 +469,31 @@ class DocumentStore:
         return self.find_kv(key)
 
     def load_kv(self, record: KVCacheRecord, chunk_axis: dict[str, int],
-                device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-        """Reads a cache's tensors; checksums are verified the first time this process reads a file.
+                device: torch.device | str = "cpu", ordinals: list[int] | None = None) -> dict[str, torch.Tensor]:
+        """Reads a cache's tensors, or only the chunks `ordinals` (sorted, distinct: memory-mapped
+        slices of the shards holding them); checksums are verified the first time this process
+        reads a file.
 
         A missing, truncated or corrupted file raises KVFileError after the cache is marked evicted
         (its files removed), so the caller recomputes it and nothing is answered from bad data.
         """
+        shards = list(record.files)
+        read = {s.path for s in shards} if ordinals is None else \
+            {s.path for s in shards if any(s.chunk_start <= o < s.chunk_end for o in ordinals)}
         with self._verified_lock:
-            fresh = not all(s.path in self._verified for s in record.files)
+            fresh = not read <= self._verified
         try:
-            tensors = read_kv_shards(self.root, list(record.files), chunk_axis, device, verify_hash=fresh)
+            if ordinals is None:
+                tensors = read_kv_shards(self.root, shards, chunk_axis, device, verify_hash=fresh)
+            else:
+                tensors = read_kv_chunks(self.root, shards, chunk_axis, ordinals, device, verify_hash=fresh)
         except KVFileError:
             logger.warning("KV cache %s of document %s is damaged; it will be recomputed", record.id,
                            record.key.document_id)
             self.mark_evicted(record.id)
             raise
         with self._verified_lock:
-            self._verified.update(s.path for s in record.files)
-        self.touch_kv(record.id)
-        return tensors
-
-    def load_kv_chunks(self, record: KVCacheRecord, chunk_axis: dict[str, int], ordinals: list[int],
-                       device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-        """Reads only some chunks of a cache (sorted, distinct ordinals), with `load_kv`'s checks:
-        a damaged file marks the cache evicted and raises KVFileError."""
-        wanted = {s.path for s in record.files if any(s.chunk_start <= o < s.chunk_end for o in ordinals)}
-        with self._verified_lock:
-            fresh = not wanted <= self._verified
-        try:
-            tensors = read_kv_chunks(self.root, list(record.files), chunk_axis, ordinals, device, verify_hash=fresh)
-        except KVFileError:
-            logger.warning("KV cache %s of document %s is damaged; it will be recomputed", record.id,
-                           record.key.document_id)
-            self.mark_evicted(record.id)
-            raise
-        with self._verified_lock:
-            self._verified.update(wanted)
+            self._verified.update(read)
         self.touch_kv(record.id)
         return tensors
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from app.defaults import BUNDLED_MODEL
+from storage.kv_codec import DEFAULT_KV_ENCODING, KV_ENCODINGS
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 # engine.scoring.SCORERS, spelled out so that parsing arguments does not import torch (a test checks they agree)
@@ -108,6 +109,12 @@ def _build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--dense-max-tokens", type=int, default=16384, help="skip dense above this context length")
     ev.add_argument("--prefilter", type=int, nargs="+", default=[0], metavar="M",
                     help="BM25 prefilter sizes to run static and joint with (0: every chunk scored), e.g. 0 32 64")
+    ev.add_argument("--bm25-weight", type=float, nargs="+", default=None, metavar="W",
+                    help="score fusion weights to run prefiltered rows with (nats the best BM25 match adds; "
+                         "default: the model's)")
+    ev.add_argument("--kv-at-rest", nargs="+", choices=KV_ENCODINGS, default=[DEFAULT_KV_ENCODING],
+                    help="KV file encodings to answer from (each the same prefill rounded as its files keep it); "
+                         "with bf16 and another, the summary gives how often their answers agree")
     ev.add_argument("--device", default=None)
     ev.add_argument("--out", type=Path, default=Path("eval-out"))
 
@@ -126,6 +133,9 @@ def _build_parser() -> argparse.ArgumentParser:
         p.add_argument("--model", type=Path, default=None, help="local checkpoint folder (default: the bundled model)")
         p.add_argument("--data-dir", type=Path, default=Path("docqa-data"), help="where documents and caches live")
         p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if present)")
+        p.add_argument("--kv-at-rest", choices=KV_ENCODINGS, default=DEFAULT_KV_ENCODING,
+                       help="how KV files keep keys and values: fp8 (e4m3 with scales, half of bf16's bytes) or "
+                            f"bf16 (default {DEFAULT_KV_ENCODING}); each is a cache of its own")
 
     sv = sub.add_parser("serve", help="start the web app (127.0.0.1 by default)")
     service_args(sv)
@@ -179,6 +189,8 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="LLaDA masking folds when scoring; 0: leave-one-out (the app's default, ~8x the rows)")
     bn.add_argument("--no-compile", action="store_true",
                     help="run the layers eagerly on CUDA (default: compiled layer halves, every mode)")
+    bn.add_argument("--prefilter", type=_count, nargs="+", default=[0], metavar="M",
+                    help="BM25 candidates static and joint score (0: every chunk), e.g. 0 64")
     bn.add_argument("--out", type=Path, default=Path("bench-out"))
 
     mk = sub.add_parser("make-random-model",
@@ -306,9 +318,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = evaluate(engine, samples, args.modes, model_defaults(args.model).chunk_size, args.dense_max_tokens,
                     progress=lambda line: print(line, file=sys.stderr, flush=True), rows_path=args.out / "rows.jsonl",
-                    prefilters=tuple(args.prefilter))
+                    prefilters=tuple(args.prefilter), encodings=tuple(args.kv_at_rest),
+                    bm25_weights=tuple(args.bm25_weight) if args.bm25_weight else None)
     write_reports(rows, args.out, {"model": str(args.model), "device": str(engine.device),
-                                   "modes": args.modes, "lengths": args.lengths, "prefilter": args.prefilter})
+                                   "modes": args.modes, "lengths": args.lengths, "prefilter": args.prefilter,
+                                   "kv_at_rest": args.kv_at_rest, "bm25_weight": args.bm25_weight})
     print(summarize(rows))
     return EXIT_OK
 
@@ -320,7 +334,7 @@ def _service(args: argparse.Namespace, **kw):
               "request_timeout_s": getattr(args, "request_timeout", None),
               "prefilter_chunks": getattr(args, "prefilter_chunks", None)}
     return DocQA(ServiceConfig(data_dir=args.data_dir, model_dir=args.model or BUNDLED_MODEL, device=args.device,
-                               **kw, **{k: v for k, v in limits.items() if v is not None}))
+                               kv_encoding=args.kv_at_rest, **kw, **{k: v for k, v in limits.items() if v is not None}))
 
 
 MIN_ID_PREFIX = 6  # shorter id prefixes are too easily typed by mistake (and "" matched every id)
@@ -482,11 +496,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     scoring = ScoringParams(scorer=args.scorer, llada_folds=args.llada_folds or None)
     rows = bench.run(args.shape, args.contexts, args.answers, args.modes, args.device, args.chunk_size, args.top_k,
                      args.dense_budget_s, progress=lambda line: print(line, file=sys.stderr, flush=True),
-                     compile_layers=not args.no_compile, scoring=scoring)
+                     compile_layers=not args.no_compile, scoring=scoring, prefilters=tuple(args.prefilter))
     meta = {"shape": args.shape, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "chunk_size": args.chunk_size, "top_k": args.top_k,
             "compile_layers": not args.no_compile, "scorer": args.scorer,
-            "llada_folds": args.llada_folds or "leave-one-out",
+            "llada_folds": args.llada_folds or "leave-one-out", "prefilter": args.prefilter,
             "rule": "one token committed per step in every mode"}
     bench.write(rows, args.out, meta)
     print(bench.table(rows))

@@ -30,6 +30,9 @@ class ModelDefaults:
     position_mode: str = "continuous"
     # Chunks the predictive scorer sees, the top ones by BM25 (app.prefilter); 0: every chunk.
     prefilter_chunks: int = 64
+    # Nats the best BM25 match adds to its chunk's score before selection (others in proportion,
+    # app.prefilter.bm25_priors); 0: the predictive scorer alone decides.
+    bm25_weight: float = 0.0
 
 
 def model_defaults(folder: Path | None) -> ModelDefaults:
@@ -51,7 +54,7 @@ def answer_params(defaults: ModelDefaults, **overrides) -> AnswerParams:
         d = replace(d, block_length=math.gcd(d.gen_length, d.block_length))
     return AnswerParams(
         top_k=d.top_k, auto_k=d.auto_k, score_margin=d.score_margin or None, coverage_gain=d.coverage_gain or None,
-        token_budget=d.token_budget, kv_mode=d.kv_mode, position_mode=d.position_mode,
+        token_budget=d.token_budget, prior_weight=d.bm25_weight, kv_mode=d.kv_mode, position_mode=d.position_mode,
         scoring=ScoringParams(scorer=d.scorer, llada_folds=d.llada_folds),
         sampling=SamplingParams(decoder=d.decoder, threshold=d.threshold, gen_length=d.gen_length,
                                 block_length=d.block_length))

@@ -17,11 +17,12 @@ import torch
 
 from app import ruler
 from app.defaults import answer_params, model_defaults
-from app.kv_service import chunk_records, prefill_text
-from app.prefilter import PREFILTER_ALL, candidate_chunks
+from app.kv_service import at_stored_precision, chunk_records, tokenize_for_chunks
+from app.prefilter import PREFILTER_ALL, bm25_priors, candidate_chunks
 from engine import DocumentKV, Engine
 from engine.kv_cache import take_chunks
 from storage.chunk_index import index_texts, search
+from storage.kv_codec import DEFAULT_KV_ENCODING
 
 
 @dataclass
@@ -42,29 +43,43 @@ class EvalRow:
     # With a BM25 prefilter: its M, and the share of the answer-holding chunks among its candidates.
     prefilter: int = PREFILTER_ALL
     candidate_recall: float | None = None
+    kv_encoding: str = DEFAULT_KV_ENCODING  # how the KV was kept at rest (storage.kv_codec)
+    setting: str = ""  # the row's label without the encoding (rows of one setting are compared across encodings)
 
 
-def prefiltered(doc: DocumentKV, chunk_texts: list[str], question: str, m: int) -> list[int]:
-    """The chunks a question's scorer sees with a BM25 prefilter of M (app.prefilter), over an
-    in-memory index of this one document: the app's rule without a store."""
-    if not m or doc.num_chunks <= m:
-        return list(range(doc.num_chunks))
-    hits = search(index_texts(chunk_texts), question, [0], m)
-    return candidate_chunks([(0, h.ordinal) for h in hits], [doc.num_chunks], m)[0]
+def prefiltered(doc: DocumentKV, chunk_texts: list[str], question: str, m: int) -> tuple[list[int], list[float]]:
+    """The chunks a question's scorer sees with a BM25 prefilter of M (app.prefilter), and their
+    BM25 relevance in [0, 1], over an in-memory index of this one document: the app's rule without
+    a store."""
+    if not m:
+        return list(range(doc.num_chunks)), [0.0] * doc.num_chunks
+    hits = [(0, h.ordinal, h.bm25) for h in search(index_texts(chunk_texts), question, [0], m)]
+    chosen = candidate_chunks([(d, o) for d, o, _ in hits], [doc.num_chunks], m)
+    return chosen[0], bm25_priors(hits, chosen)[0]
 
 
 def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chunk_size: int,
              dense_max_tokens: int, progress=print, rows_path: Path | None = None,
-             prefilters: tuple[int, ...] = (PREFILTER_ALL,)) -> list[EvalRow]:
+             prefilters: tuple[int, ...] = (PREFILTER_ALL,),
+             encodings: tuple[str, ...] = (DEFAULT_KV_ENCODING,),
+             bm25_weights: tuple[float, ...] | None = None) -> list[EvalRow]:
     """Runs every sample in every mode; each row is also appended to `rows_path` (JSON lines) as
     soon as it is scored, so an interrupted evaluation keeps what it measured. `prefilters`: the
     BM25 prefilter sizes M to run the chunk-selecting modes with (0: every chunk scored); a row
-    with M > 0 is labelled "<mode>+bm25@M"."""
+    with M > 0 is labelled "<mode>+bm25@M". `encodings`: the KV files' encodings to answer from
+    (each the same prefill, rounded as its files keep it); with more than one, labels end in
+    "/<encoding>" and `summarize` reports how often the answers agree. `bm25_weights`: the score
+    fusion weights (app.defaults.ModelDefaults.bm25_weight) prefiltered rows run with (None: the
+    model's); a row with weight w > 0 is labelled "...+fuse<w>"."""
+    defaults = model_defaults(engine.path)
+    weights = bm25_weights if bm25_weights is not None else (defaults.bm25_weight,)
     rows = []
     for s in samples:
         start = time.perf_counter()
-        doc, offsets = prefill_text(engine, s.context, chunk_size)
+        ids, offsets, breaks = tokenize_for_chunks(engine, s.context)
+        exact = engine.prefill(ids, chunk_size, breaks=breaks)
         prefill_s = time.perf_counter() - start
+        doc = exact
         needle_chunks = set()
         for out in s.outputs:
             at = s.context.find(str(out))
@@ -75,26 +90,32 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
         texts = [c.text for c in chunk_records(doc, offsets, s.context, [])]
         # Absolute positions place each chunk at its ordinal in the document: a subset would move
         # them, so (as the app does) they always score every chunk.
-        absolute = model_defaults(engine.path).position_mode == "absolute"
+        absolute = defaults.position_mode == "absolute"
         selecting = ("static", "joint") if not absolute else ()
-        runs = [(mode, m) for mode in modes for m in (prefilters if mode in selecting else (PREFILTER_ALL,))]
-        for mode, m in runs:
+        runs = [(enc, mode, m, w) for enc in encodings for mode in modes
+                for m in (prefilters if mode in selecting else (PREFILTER_ALL,))
+                for w in (weights if m else weights[:1])
+                if mode in ("static", "joint") or enc == encodings[0]]  # the others do not read the KV
+        for enc, mode, m, w in runs:
             if mode == "dense" and len(offsets) > dense_max_tokens:
                 continue
+            doc = at_stored_precision(exact, enc)
             t = time.perf_counter()
-            candidates = prefiltered(doc, texts, s.question, m)
+            candidates, priors = prefiltered(doc, texts, s.question, m)
             given = doc if len(candidates) == doc.num_chunks else take_chunks(doc, candidates)
-            result = engine.answer(given, s.question, answer_params(model_defaults(engine.path), kv_mode=mode))
+            result = engine.answer(given, s.question, answer_params(defaults, kv_mode=mode, bm25_weight=w),
+                                   chunk_priors=[priors])
             seconds = time.perf_counter() - t + prefill_s * (mode in ("static", "joint"))
             chosen = {candidates[r.chunk] for r in result.trace.selected}
             scored = bool(needle_chunks) and mode in ("static", "joint")
             selected = bool(needle_chunks & chosen) if scored else None
             recall = len(needle_chunks & chosen) / len(needle_chunks) if scored else None
             seen = len(needle_chunks & set(candidates)) / len(needle_chunks) if scored else None
-            label = f"{mode}+bm25@{m}" if m else mode
+            setting = (f"{mode}+bm25@{m}" + (f"+fuse{w:g}" if w else "")) if m else mode
+            label = f"{setting}/{enc}" if len(encodings) > 1 and mode in ("static", "joint") else setting
             row = EvalRow(s.task, s.length, s.index, label, ruler.score(s.task, result.text, s.outputs),
                           result.text, [str(o) for o in s.outputs], s.depth, selected, seconds, recall,
-                          len(result.trace.selected), m, seen)
+                          len(result.trace.selected), m, seen, enc, setting)
             rows.append(row)
             if rows_path is not None:
                 with open(rows_path, "a") as f:
@@ -136,7 +157,30 @@ def summarize(rows: list[EvalRow]) -> str:
         if kept:
             out.append(f"\nchunks decoded over, on average: {sum(kept) / len(kept):.2f} "
                        f"(from {min(kept)} to {max(kept)}, {len(kept)} samples)")
+    agreement = encoding_agreement(rows)
+    if agreement:
+        out.append("\n### answers against bf16 KV\n")
+        out.append("| setting | encoding | samples | same answer | same score |")
+        out.append("|---|---|---|---|---|")
+        for (setting, enc), (n, same, same_score) in sorted(agreement.items()):
+            out.append(f"| {setting} | {enc} | {n} | {100 * same / n:.1f}% | {100 * same_score / n:.1f}% |")
     return "\n".join(out) + "\n"
+
+
+def encoding_agreement(rows: list[EvalRow], reference: str = "bf16") -> dict[tuple[str, str], tuple[int, int, int]]:
+    """Per (setting, encoding other than `reference`): samples compared, identical answers, equal
+    scores, each row against the row of the same sample and setting answered from `reference` KV."""
+    ref = {(r.task, r.length, r.index, r.setting): r for r in rows if r.kv_encoding == reference and r.setting}
+    out: dict[tuple[str, str], list[int]] = {}
+    for r in rows:
+        other = ref.get((r.task, r.length, r.index, r.setting))
+        if r.kv_encoding == reference or other is None or other is r:
+            continue
+        cell = out.setdefault((r.setting, r.kv_encoding), [0, 0, 0])
+        cell[0] += 1
+        cell[1] += r.prediction.strip() == other.prediction.strip()
+        cell[2] += r.score == other.score
+    return {k: (v[0], v[1], v[2]) for k, v in out.items()}
 
 
 def heatmap(rows: list[EvalRow], path: Path, mode: str = "static") -> None:

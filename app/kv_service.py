@@ -1,8 +1,11 @@
 """Prefill once, reuse forever: a document's KV from the pool, the disk, or a fresh prefill.
 
 `DocumentKVService.get` looks in the tiered pool (GPU / pinned CPU), then in the store (safetensors
-files, checksum-verified on first read), and only then prefills, saving the result for every later
-question and restart. A damaged file is never answered from: it is detected, dropped and recomputed.
+files, checksum-verified on first read), and only then prefills; `get_chunks` reads only the chunks a
+question scores from the files. A prefill streams its batches into the files (fp8 by default,
+storage.kv_codec) as it goes, so a document's KV is never in memory whole while it is made; every
+later question and restart reads it back. A damaged file is never answered from: it is detected,
+dropped and recomputed.
 """
 
 from __future__ import annotations
@@ -14,18 +17,29 @@ from dataclasses import replace
 
 import torch
 
-from app.prefilter import candidate_chunks
+from app.prefilter import bm25_priors, candidate_chunks
 from app.sentences import sentence_starts
 from engine import DocumentKV, Engine
-from engine.chunking import token_breaks
+from engine.chunking import ChunkedTokens, token_breaks
 from engine.kv_cache import take_chunks
-from engine.prefill import ProgressFn
+from engine.prefill import PREFILL_TOKEN_BUDGET, ProgressFn
 from storage import ChunkRecord, DocumentStore, KVFileError, KVKey, PageSpan, StorageError, TieredKVPool
+from storage.kv_codec import (
+    DEFAULT_KV_ENCODING,
+    SCALE_NAMES,
+    check_encoding,
+    decode_kv,
+    encode_kv,
+    round_trip,
+    sixteen_bit,
+)
 from storage.kv_files import KV_FORMAT
 
 logger = logging.getLogger(__name__)
 
-CHUNK_AXIS = {"keys": 1, "values": 1, "tokens": 0, "lengths": 0, "content_starts": 0}
+CHUNK_AXIS = {"keys": 1, "values": 1, "keys_scale": 1, "values_scale": 1, "tokens": 0, "lengths": 0,
+              "content_starts": 0}
+OPTIONAL_TENSORS = SCALE_NAMES  # only fp8 files have them (storage.kv_codec)
 # The cut `prefill_text` makes, recorded with every cache: caches cut another way (the fixed cut of
 # caches written before the eighth session) are not reused, but prefilled again. Rename it when the
 # cut changes.
@@ -33,35 +47,49 @@ CHUNKING = "sentence-starts-v1"
 
 
 def stored_kv_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype KV files hold keys and values in: the engine's own when it computes in 16 bits,
-    else bf16. A CPU engine computes in fp32, whose KV would take twice the disk (36 KB a token for
-    the bundled model) for digits the GPU path never has."""
-    return dtype if torch.finfo(dtype).bits <= 16 else torch.bfloat16
+    """The dtype `bf16` KV files hold keys and values in (storage.kv_codec.sixteen_bit)."""
+    return sixteen_bit(dtype)
 
 
-def at_stored_precision(doc: DocumentKV) -> DocumentKV:
-    """The KV rounded to what its files keep (a no-op for a 16-bit engine), in the engine's dtype:
-    the first question on a new document then sees exactly what every later one, and a restart,
-    will load."""
-    stored = stored_kv_dtype(doc.keys.dtype)
-    if stored == doc.keys.dtype:
-        return doc
-    return replace(doc, keys=doc.keys.to(stored).to(doc.keys.dtype), values=doc.values.to(stored).to(doc.values.dtype))
+def at_stored_precision(doc: DocumentKV, encoding: str = DEFAULT_KV_ENCODING) -> DocumentKV:
+    """The KV as its files of `encoding` give it back, in the engine's dtype (`doc` itself when
+    they keep it exactly): the first question on a new document sees exactly what every later one,
+    and a restart, will load."""
+    keys, values = round_trip(doc.keys, doc.values, encoding)
+    return doc if keys is doc.keys else replace(doc, keys=keys, values=values)
 
 
-def kv_to_tensors(doc: DocumentKV, kv_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """The KV as named tensors; keys and values cast to `kv_dtype` when given (for the files)."""
-    keys, values = (doc.keys, doc.values) if kv_dtype is None else (doc.keys.to(kv_dtype), doc.values.to(kv_dtype))
-    return {"keys": keys, "values": values, "tokens": doc.tokens, "lengths": doc.lengths,
-            "content_starts": doc.content_starts}
+def file_part(keys: torch.Tensor, values: torch.Tensor, chunks: ChunkedTokens | DocumentKV, start: int, end: int,
+              encoding: str) -> dict[str, torch.Tensor]:
+    """What the KV files hold of chunks [start, end): keys and values [L, n, Hkv, C, D] encoded,
+    and the chunks' tokens (int32: a vocabulary is far below 2^31), lengths and offsets."""
+    return {**encode_kv(keys, values, encoding), "tokens": chunks.tokens[start:end].to(torch.int32),
+            "lengths": chunks.lengths[start:end], "content_starts": chunks.content_starts[start:end]}
 
 
-def tensors_to_kv(t: dict[str, torch.Tensor]) -> DocumentKV:
-    return DocumentKV(keys=t["keys"], values=t["values"], lengths=t["lengths"].cpu(), tokens=t["tokens"].cpu(),
+def kv_to_tensors(doc: DocumentKV, encoding: str = DEFAULT_KV_ENCODING) -> dict[str, torch.Tensor]:
+    """A whole document's KV as the tensors its files hold."""
+    return file_part(doc.keys, doc.values, doc, 0, doc.num_chunks, encoding)
+
+
+def tensors_to_kv(t: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
+                  device: torch.device | str | None = None) -> DocumentKV:
+    """A DocumentKV from file tensors (decoded to `dtype` on `device`) or from a pool entry (plain
+    keys and values, as they are when `dtype` is None)."""
+    if dtype is None:
+        keys, values = t["keys"], t["values"]
+    else:
+        keys, values = decode_kv(t, dtype, device if device is not None else t["keys"].device)
+    return DocumentKV(keys=keys, values=values, lengths=t["lengths"].cpu(), tokens=t["tokens"].cpu().long(),
                       content_starts=t["content_starts"].cpu())
 
 
-def chunk_records(doc: DocumentKV, offsets: list[tuple[int, int]], text: str,
+def _pool_entry(doc: DocumentKV) -> dict[str, torch.Tensor]:
+    return {"keys": doc.keys, "values": doc.values, "tokens": doc.tokens, "lengths": doc.lengths,
+            "content_starts": doc.content_starts}
+
+
+def chunk_records(doc: ChunkedTokens | DocumentKV, offsets: list[tuple[int, int]], text: str,
                   pages: list[PageSpan]) -> list[ChunkRecord]:
     """Citable metadata per chunk: content token span, character span, page span and text."""
     page_starts = [p.char_start for p in pages]
@@ -78,53 +106,82 @@ def chunk_records(doc: DocumentKV, offsets: list[tuple[int, int]], text: str,
     return records
 
 
-def prefill_text(engine: Engine, text: str, chunk_size: int, progress: ProgressFn | None = None
-                 ) -> tuple[DocumentKV, list[tuple[int, int]]]:
-    """The app's prefill of a document's text: chunks cut at sentence and paragraph starts where
-    they can be, so a short sentence (a fact, a needle) is never split between two chunks; the KV
-    at the precision its files keep (`at_stored_precision`). Returns the KV and each token's
-    character span."""
+def tokenize_for_chunks(engine: Engine, text: str) -> tuple[list[int], list[tuple[int, int]], list[int]]:
+    """The document's token ids, each token's character span, and the token indices where its
+    sentences and paragraphs begin (where the app's chunks are cut when they can be)."""
     enc = engine.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    breaks = token_breaks(sentence_starts(text), enc["offset_mapping"])
-    doc = engine.prefill(enc["input_ids"], chunk_size, progress, breaks=breaks)
-    return at_stored_precision(doc), enc["offset_mapping"]
+    return enc["input_ids"], enc["offset_mapping"], token_breaks(sentence_starts(text), enc["offset_mapping"])
+
+
+def prefill_text(engine: Engine, text: str, chunk_size: int, progress: ProgressFn | None = None,
+                 encoding: str = DEFAULT_KV_ENCODING) -> tuple[DocumentKV, list[tuple[int, int]]]:
+    """The app's prefill of a document's text, in memory: chunks cut at sentence and paragraph
+    starts where they can be, so a short sentence (a fact, a needle) is never split between two
+    chunks; the KV as files of `encoding` give it back (`at_stored_precision`). Returns the KV and
+    each token's character span. (The app itself streams the prefill to files:
+    `DocumentKVService`.)"""
+    ids, offsets, breaks = tokenize_for_chunks(engine, text)
+    doc = engine.prefill(ids, chunk_size, progress, breaks=breaks)
+    return at_stored_precision(doc, encoding), offsets
 
 
 class DocumentKVService:
-    def __init__(self, engine: Engine, store: DocumentStore, pool: TieredKVPool) -> None:
+    def __init__(self, engine: Engine, store: DocumentStore, pool: TieredKVPool,
+                 encoding: str = DEFAULT_KV_ENCODING, prefill_tokens: int = PREFILL_TOKEN_BUDGET) -> None:
         self.engine, self.store, self.pool = engine, store, pool
-        # Every byte of the checkpoint (engine.weights.model_fingerprint) and the files' format.
-        self.fingerprint = hashlib.sha256(f"{engine.fingerprint}:{KV_FORMAT}".encode()).hexdigest()
+        self.encoding = check_encoding(encoding)
+        self.prefill_tokens = prefill_tokens  # tokens a prefill forward holds: with a shard, a prefill's memory
+        # Every byte of the checkpoint (engine.weights.model_fingerprint), the files' format and
+        # their encoding: KV kept another way is another cache.
+        self.fingerprint = hashlib.sha256(f"{engine.fingerprint}:{KV_FORMAT}:{encoding}".encode()).hexdigest()
+        self.prefills = 0  # documents this service prefilled (the pool counts only what it holds)
         # Citations' chunk metadata of KV that could not be written (kept in the pool only).
         self._unsaved_chunks: dict[KVKey, list[ChunkRecord]] = {}
 
     def key(self, doc_id: str, chunk_size: int) -> KVKey:
-        # The engine's dtype, not the files' (stored_kv_dtype): the prefill's arithmetic decides
-        # the values, the files only how they are rounded.
+        # The engine's dtype, not the files' (the encoding, in the fingerprint): the prefill's
+        # arithmetic decides the values, the files only how they are rounded.
         dtype = str(self.engine.dtype).removeprefix("torch.")
         return KVKey(doc_id, self.fingerprint, chunk_size, dtype, CHUNKING)
 
-    def get(self, doc_id: str, chunk_size: int, progress: ProgressFn | None = None,
-            must_persist: bool = False) -> DocumentKV:
-        """The document's KV on the engine's device: pool hit, disk load, or prefill (then saved).
+    def ensure_stored(self, doc_id: str, chunk_size: int, progress: ProgressFn | None = None) -> None:
+        """Prefills the document into its KV files unless they exist (an ingest): the KV streams to
+        disk a batch at a time and is not kept in memory. Raises StorageError when the files cannot
+        be written."""
+        key = self.key(doc_id, chunk_size)
+        if self.store.find_kv(key) is None:
+            self._prefill(key, progress, must_persist=True)
 
-        A prefill whose files cannot be written (a full disk, a read-only folder) raises with
-        `must_persist` (ingest reports it); otherwise the KV is kept in the pool only and the
-        question is answered all the same."""
+    def get(self, doc_id: str, chunk_size: int, progress: ProgressFn | None = None) -> DocumentKV:
+        """The document's whole KV on the engine's device: pool hit, disk load, or prefill (streamed
+        to its files, then loaded). A prefill whose files cannot be written (a full disk, a
+        read-only folder) is kept in the pool only and the question is answered all the same."""
         key = self.key(doc_id, chunk_size)
         hit = self.pool.get(key)
         if hit is not None:
             return tensors_to_kv(hit)
+        loaded = self._load(key)
+        if loaded is None:
+            loaded = self._prefill(key, progress, must_persist=False) or self._load(key)
+        if loaded is None:
+            raise StorageError(f"the KV of {doc_id} was written but cannot be read back")
+        return loaded
+
+    def _load(self, key: KVKey, ordinals: list[int] | None = None) -> DocumentKV | None:
+        """The stored KV (all of it, into the pool; or the chunks `ordinals`, not pooled) on the
+        engine's device; None when there are no files, or damaged ones (then dropped)."""
         record = self.store.find_kv(key)
-        if record is not None:
-            try:
-                tensors = self.store.load_kv(record, CHUNK_AXIS, "cpu")
-                for name in ("keys", "values"):  # files hold stored_kv_dtype (older ones the engine's)
-                    tensors[name] = tensors[name].to(self.engine.dtype)
-                return tensors_to_kv(self.pool.put(key, tensors, source="disk"))
-            except KVFileError as exc:
-                logger.warning("recomputing the KV of %s: %s", doc_id, exc)
-        return self._prefill_and_save(key, progress, must_persist)
+        if record is None:
+            return None
+        try:
+            tensors = self.store.load_kv(record, CHUNK_AXIS, "cpu", ordinals, optional=OPTIONAL_TENSORS)
+        except KVFileError as exc:
+            logger.warning("recomputing the KV of %s: %s", key.document_id, exc)
+            return None
+        doc = tensors_to_kv(tensors, self.engine.dtype, self.engine.device)
+        if ordinals is not None:
+            return doc
+        return tensors_to_kv(self.pool.put(key, _pool_entry(doc), source="disk"))
 
     def get_chunks(self, doc_id: str, chunk_size: int, ordinals: list[int]) -> DocumentKV:
         """Some chunks of the document's KV (sorted ordinals), on the engine's device: from a pooled
@@ -136,56 +193,64 @@ class DocumentKVService:
         hit = self.pool.get(key)
         if hit is not None:
             return take_chunks(tensors_to_kv(hit), ordinals)
-        record = self.store.find_kv(key)
-        if record is None:
-            return take_chunks(self.get(doc_id, chunk_size), ordinals)
-        try:
-            tensors = self.store.load_kv(record, CHUNK_AXIS, "cpu", ordinals)
-        except KVFileError as exc:
-            logger.warning("recomputing the KV of %s: %s", doc_id, exc)
-            return take_chunks(self.get(doc_id, chunk_size), ordinals)
-        for name in ("keys", "values"):
-            tensors[name] = tensors[name].to(self.engine.device, self.engine.dtype)
-        return tensors_to_kv(tensors)
+        loaded = self._load(key, ordinals)
+        if loaded is None:  # no files yet, or damaged ones: prefilled to files, then read
+            kept = self._prefill(key, None, must_persist=False)
+            loaded = take_chunks(kept, ordinals) if kept is not None else self._load(key, ordinals)
+        if loaded is None:
+            raise StorageError(f"the KV of {doc_id} was written but cannot be read back")
+        return loaded
 
     def num_chunks(self, doc_id: str, chunk_size: int) -> int:
         record = self.store.find_kv(self.key(doc_id, chunk_size))
         return record.num_chunks if record is not None else len(self.chunks(doc_id, chunk_size))
 
-    def candidates(self, doc_ids: list[str], chunk_size: int, question: str, m: int | None) -> list[list[int]]:
+    def candidates(self, doc_ids: list[str], chunk_size: int, question: str, m: int | None
+                   ) -> tuple[list[list[int]], list[list[float]]]:
         """Per document, the chunks the question's scorer will see (app.prefilter): all of them, or
-        the top M by BM25 over the documents together, filled evenly when fewer match."""
+        the top M by BM25 over the documents together, filled evenly when fewer match; and each
+        one's BM25 relevance in [0, 1] (app.prefilter.bm25_priors; all 0 with M = 0)."""
         counts = [self.num_chunks(d, chunk_size) for d in doc_ids]
-        if not m or sum(counts) <= m:
-            return [list(range(n)) for n in counts]
+        if not m:
+            return [list(range(n)) for n in counts], [[0.0] * n for n in counts]
+        # Searched even when all chunks fit in M: the priors still rank them for the fusion.
         records = [self.store.find_kv(self.key(d, chunk_size)) for d in doc_ids]
         by_cache = {r.id: i for i, r in enumerate(records) if r is not None}
-        hits = [(by_cache[h.cache_id], h.ordinal)
+        hits = [(by_cache[h.cache_id], h.ordinal, h.bm25)
                 for h in self.store.search_chunks(question, list(by_cache), m)]
-        return candidate_chunks(hits, counts, m)
+        chosen = candidate_chunks([(d, o) for d, o, _ in hits], counts, m)
+        return chosen, bm25_priors(hits, chosen)
 
     def chunks(self, doc_id: str, chunk_size: int) -> list[ChunkRecord]:
         """Chunk metadata for citations (prefilling first if this chunking was never computed)."""
         key = self.key(doc_id, chunk_size)
         record = self.store.find_kv(key)
         if record is None and key not in self._unsaved_chunks:
-            self.get(doc_id, chunk_size)
+            self._prefill(key, None, must_persist=False)
             record = self.store.find_kv(key)
         return self.store.chunks(record.id) if record is not None else self._unsaved_chunks[key]
 
-    def _prefill_and_save(self, key: KVKey, progress: ProgressFn | None, must_persist: bool) -> DocumentKV:
+    def _prefill(self, key: KVKey, progress: ProgressFn | None, must_persist: bool) -> DocumentKV | None:
+        """Prefills the document, streaming each batch's KV into its files (nothing returned). When
+        they cannot be written, raises with `must_persist`; otherwise prefills again in memory and
+        returns that KV, kept in the pool only."""
+        self.prefills += 1
         text = self.store.document_text(key.document_id)
-        doc, offsets = prefill_text(self.engine, text, key.chunk_size, progress)
-        chunks = chunk_records(doc, offsets, text, self.store.pages(key.document_id))
+        ids, offsets, breaks = tokenize_for_chunks(self.engine, text)
+        chunks = self.engine.chunk(ids, key.chunk_size, breaks)
+        records = chunk_records(chunks, offsets, text, self.store.pages(key.document_id))
+        parts = (file_part(b.keys, b.values, chunks, b.start, b.end, self.encoding)
+                 for b in self.engine.prefill_stream(chunks, progress, self.prefill_tokens))
         try:
-            self.store.save_kv(key, kv_to_tensors(doc, stored_kv_dtype(doc.keys.dtype)), CHUNK_AXIS, chunks,
-                               num_tokens=len(offsets))
+            self.store.save_kv(key, parts, CHUNK_AXIS, records, num_tokens=len(offsets))
+            return None
         except StorageError as exc:
             if must_persist:
                 raise
             logger.warning("the KV of %s is kept in memory only: %s", key.document_id, exc)
-            self._unsaved_chunks[key] = chunks
-        return tensors_to_kv(self.pool.put(key, kv_to_tensors(doc), source="prefill"))
+        doc = at_stored_precision(self.engine.prefill(ids, key.chunk_size, progress, breaks=breaks), self.encoding)
+        self._unsaved_chunks[key] = records
+        return tensors_to_kv(self.pool.put(key, _pool_entry(doc), source="prefill"))
 
     def forget(self, doc_id: str) -> None:
         """Drops every pooled entry of a document (when it is deleted)."""

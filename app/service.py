@@ -29,7 +29,9 @@ from app.prefilter import PREFILTER_ALL
 from engine import AnswerParams, AnswerResult, Engine
 from engine.decode import DecodeStep
 from storage import DocumentRecord, DocumentStore, PageSpan, ResultCache, StorageError, TieredKVPool
+from storage.kv_codec import DEFAULT_KV_ENCODING
 from storage.kv_files import file_sha256
+from storage.kv_pool import default_budgets
 
 logger = logging.getLogger(__name__)
 
@@ -43,13 +45,14 @@ class ServiceConfig:
     device: str | None = None
     max_upload_bytes: int = 200 << 20
     extract_timeout_s: float = 300.0
-    hot_bytes: int = 4 << 30  # KV kept on the compute device
-    warm_bytes: int = 8 << 30  # KV kept in pinned CPU memory (GPU only)
+    hot_bytes: int | None = None  # KV kept on the compute device (None: storage.kv_pool.default_budgets)
+    warm_bytes: int | None = None  # KV kept in pinned CPU memory, GPU only (None: the default)
     kv_budget_bytes: int | None = None  # disk budget for KV files (None: unbounded)
     weak_score: float | None = None  # warn below this best chunk score (default: the model's)
     max_question_tokens: int = 512  # longer questions are refused (scoring cost grows with them)
     request_timeout_s: float = 300.0  # a question holds the model at most this long
     prefilter_chunks: int | None = None  # BM25 candidates a question scores (None: the model's default; 0: all)
+    kv_encoding: str = DEFAULT_KV_ENCODING  # how KV files keep keys and values (storage.kv_codec)
 
 
 class QuestionStopped(RuntimeError):
@@ -122,9 +125,13 @@ class DocQA:
         self.engine = Engine.from_pretrained(config.model_dir, device=config.device,
                                              fingerprint_cache=self.store.root / "fingerprints.json")
         self.defaults: ModelDefaults = model_defaults(config.model_dir)
-        self.pool = TieredKVPool(self.engine.device, config.hot_bytes, config.warm_bytes)
-        self.kv = DocumentKVService(self.engine, self.store, self.pool)
+        hot, warm = default_budgets(self.engine.device)
+        self.pool = TieredKVPool(self.engine.device, hot if config.hot_bytes is None else config.hot_bytes,
+                                 warm if config.warm_bytes is None else config.warm_bytes)
+        self.kv = DocumentKVService(self.engine, self.store, self.pool, config.kv_encoding)
         self.memo = ResultCache(self.store.root / "memo", read_only=self.store.read_only)
+        for doc_id in self.store.removed_unfinished:  # an ingest killed midway: its extracted text goes too
+            self.memo.delete("extracted", doc_id)
         if self.store.read_only:  # nothing can be added, but the web page still needs a folder of its own
             self.upload_dir = Path(tempfile.mkdtemp(prefix="docqa-uploads-"))
         else:
@@ -187,28 +194,31 @@ class DocQA:
             created = True
             say("extracting", 0.0)
             entry = self.memo.get("extracted", doc_id)  # the same bytes were extracted before
+            remember = False
             if entry is None:
                 doc = extract(data, name, self.config.max_upload_bytes, password, self.config.extract_timeout_s,
                               lambda done, total: say(f"extracting page {done}/{total}", 0.5 * done / total))
                 entry = {"text": doc.text, "pages": [asdict(p) for p in doc.pages], "mime": doc.mime}
-                if not doc.encrypted:  # an encrypted PDF's text is never kept where no password guards it
-                    self.memo.set("extracted", doc_id, entry)
+                remember = not doc.encrypted  # an encrypted PDF's text is never kept where no password guards it
             page_spans = [PageSpan(**p) for p in entry["pages"]]
             try:
-                self.store.keep_upload(doc_id, name, data)
+                # The row first ('ingesting'): whatever a kill leaves after it, recovery accounts for.
                 record, _ = self.store.add_document(doc_id, name, entry["mime"], len(data), entry["text"], page_spans,
                                                     status="ingesting")
+                self.store.keep_upload(doc_id, name, data)
             except StorageError as exc:
                 self.store.delete_document(doc_id)
                 raise IngestError("storage", f"{name} could not be stored: {exc}") from None
+            if remember:  # once its row exists: a kill from here on is undone by recovery, memo included
+                self.memo.set("extracted", doc_id, entry)
         else:
             record = existing
         size = chunk_size or self.defaults.chunk_size
         say("encoding", 0.5)
         try:
             with self._model_lock:
-                self.kv.get(doc_id, size, lambda done, total: say(f"encoding chunk {done}/{total}",
-                                                                  0.5 + 0.5 * done / max(total, 1)), must_persist=True)
+                self.kv.ensure_stored(doc_id, size, lambda done, total: say(
+                    f"encoding chunk {done}/{total}", 0.5 + 0.5 * done / max(total, 1)))
         except StorageError as exc:
             self.store.set_status(doc_id, "failed", str(exc))
             raise IngestError("storage", f"{name} was read but its KV cache could not be stored: {exc}. It is listed "
@@ -354,7 +364,7 @@ class DocQA:
         try:
             stop = self._stopper(cancel)
             start = time.perf_counter()
-            candidates = self.kv.candidates([r.id for r in records], size, question, m)
+            candidates, priors = self.kv.candidates([r.id for r in records], size, question, m)
             docs = [self.kv.get(r.id, size) if len(chosen) == self.kv.num_chunks(r.id, size)
                     else self.kv.get_chunks(r.id, size, chosen) for r, chosen in zip(records, candidates, strict=True)]
             load_s = time.perf_counter() - start
@@ -362,7 +372,7 @@ class DocQA:
             yield AskEvent("status", "selecting chunks")
             canvas = [None] * params.sampling.gen_length
             final: AnswerResult | None = None
-            for event in self.engine.stream_answer(docs, question, params, interrupt_check=stop):
+            for event in self.engine.stream_answer(docs, question, params, interrupt_check=stop, chunk_priors=priors):
                 # A finished answer past the time budget is still given; a cancelled one never.
                 stop(budget=isinstance(event, DecodeStep))
                 if isinstance(event, DecodeStep):

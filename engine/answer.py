@@ -32,6 +32,7 @@ from engine.sampling import SamplingParams
 from engine.scoring import (
     LIKELIHOOD_SCORERS,
     auto_top_k,
+    fuse_scores,
     select_by_coverage,
     select_kept_tokens,
     select_top_chunks,
@@ -62,6 +63,9 @@ class AnswerParams:
     # engine.scoring.select_by_coverage. Likelihood scorers only.
     coverage_gain: float | None = None
     token_budget: int = 0  # B tokens kept per chunk, layer and KV head; 0 keeps all
+    # Nats a chunk's prior relevance in [0, 1] (`chunk_priors` of stream_answer) is worth when it is
+    # added to its score before selection (engine.scoring.fuse_scores); 0: the scorer alone.
+    prior_weight: float = 0.0
     pool_kernel: int = 7
     kv_mode: str = "static"
     position_mode: str = "continuous"
@@ -90,6 +94,8 @@ class AnswerParams:
             raise ValueError("token_budget must be 0 (keep all) or >= 2 (BOS + at least one token)")
         if self.reselect_every < 0:
             raise ValueError("reselect_every must be >= 0")
+        if not self.prior_weight >= 0:
+            raise ValueError(f"prior_weight must be >= 0, got {self.prior_weight}")
         if self.score_margin is not None and not self.score_margin > 0:
             raise ValueError(f"score_margin must be > 0 or None, got {self.score_margin}")
         if self.coverage_gain is not None:
@@ -111,7 +117,7 @@ class ChunkRef:
 @dataclass
 class AnswerTrace:
     candidates: list[ChunkRef]
-    scores: list[float]  # per candidate, higher = more relevant
+    scores: list[float]  # per candidate, higher = more relevant (fused with its prior, if given)
     selected: list[ChunkRef]  # placement (document) order
     selected_scores: list[float]
     kept_tokens: list[list[int]]  # per selected chunk and token: how many (layer, head) pairs keep it
@@ -230,8 +236,12 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
                   documents: Sequence[DocumentKV], question: str | QuestionPrompt,
                   params: AnswerParams = AnswerParams(),
                   paged_cache: PagedDecodeCache | None = None,
-                  interrupt_check: Callable[[], None] | None = None) -> Iterator[DecodeStep | AnswerResult]:
+                  interrupt_check: Callable[[], None] | None = None,
+                  chunk_priors: Sequence[Sequence[float]] | None = None) -> Iterator[DecodeStep | AnswerResult]:
     """Yields a DecodeStep per denoising step, then the AnswerResult.
+
+    `chunk_priors`: per document, a relevance in [0, 1] for each of its chunks, added to the
+    scores (`params.prior_weight` nats at 1) before selection; the app gives BM25's.
 
     `question` is text, or an already tokenized QuestionPrompt (benchmarks with random models use
     that and pass no tokenizer; the result's text is then empty). `paged_cache` (one per engine)
@@ -264,12 +274,14 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
         interrupt_check()
     rows = scoring_rows(prompt.query_ids, prompt.question_span, draft, sp.window, cfg.logits_shifted)
     candidates = [] if baseline else _pool(documents)
+    priors = None if chunk_priors is None else torch.tensor([p for doc in chunk_priors for p in doc])  # [N]
     if baseline:
         scores, anchors_scoring, token_scores = torch.zeros(0), torch.zeros(0, cfg.num_layers), None
     else:
         scores, anchors_scoring, token_scores = _score_all(model, attention, documents, rows, sp,
                                                            _dynamic_layers(model, params), paged_cache,
                                                            interrupt_check)
+        scores = fuse_scores(scores, priors, params.prior_weight)
     t = clock.lap("scoring", t)
     chosen = _select(scores, token_scores, params) if candidates else torch.zeros(0, dtype=torch.long)
     refs = [candidates[i] for i in chosen.tolist()]
@@ -289,7 +301,8 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
         else:
             runner = FastDLLMRunner(model, attention, ids, params.sampling.block_length, _dynamic_layers(model, params))
     else:
-        runner = _method_runner(model, attention, documents, prompt, rows, refs, chosen, params, trace, paged_cache)
+        runner = _method_runner(model, attention, documents, prompt, rows, refs, chosen, params, trace, paged_cache,
+                                priors)
     t = clock.lap("kv_build", t)
     try:
         outcome = yield from run_blocks(runner, cfg, params.sampling, generator, device)
@@ -347,7 +360,8 @@ def _paged_runner(model, attention, document: DocumentKV, prompt: QuestionPrompt
 
 
 def _method_runner(model, attention, documents, prompt, rows, refs, chosen, params: AnswerParams,
-                   trace: AnswerTrace, paged_cache: PagedDecodeCache | None) -> StaticRunner | PagedStaticRunner:
+                   trace: AnswerTrace, paged_cache: PagedDecodeCache | None,
+                   priors: torch.Tensor | None = None) -> StaticRunner | PagedStaticRunner:
     """Static or joint context over the selected chunks, with optional re-selection per block."""
     total = sum(d.num_chunks for d in documents)
     prefix_len = len(prompt.prefix_ids)
@@ -383,7 +397,7 @@ def _method_runner(model, attention, documents, prompt, rows, refs, chosen, para
             targets=torch.cat((rows.targets[:len(prompt.query_ids)], torch.ones(len(done), dtype=torch.bool))))
         new_scores, _, new_token_scores = _score_all(model, attention, documents, new_rows, params.scoring,
                                                      _dynamic_layers(model, params), paged_cache)
-        new_chosen = _select(new_scores, new_token_scores, params)
+        new_chosen = _select(fuse_scores(new_scores, priors, params.prior_weight), new_token_scores, params)
         pool = _pool(documents)
         new_refs = [pool[i] for i in new_chosen.tolist()]
         trace.reselections.append(new_refs)

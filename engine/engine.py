@@ -12,13 +12,21 @@ import torch
 
 from engine.answer import AnswerParams, AnswerResult, stream_answer
 from engine.attention import AttentionBackend, full_mask, select_backend
+from engine.chunking import ChunkedTokens
 from engine.compiled_layers import layer_functions_for
 from engine.config import ModelConfig
 from engine.decode import DecodeStep, dense_decode
 from engine.kv_cache import DocumentKV
 from engine.model import DiffusionLM
 from engine.paged_decode import PagedDecodeCache
-from engine.prefill import ProgressFn, prefill_document
+from engine.prefill import (
+    PREFILL_TOKEN_BUDGET,
+    PrefillBatch,
+    ProgressFn,
+    document_chunks,
+    prefill_batches,
+    prefill_document,
+)
 from engine.sampling import SamplingParams
 from engine.tokenizer import encode_prompt, load_tokenizer
 from engine.weights import default_dtype, load_model, model_fingerprint, read_model_config
@@ -142,12 +150,24 @@ class Engine:
         return result
 
     def prefill(self, token_ids: torch.Tensor | list[int], chunk_size: int,
-                progress: ProgressFn | None = None, token_budget: int = 16384,
+                progress: ProgressFn | None = None, token_budget: int = PREFILL_TOKEN_BUDGET,
                 out_device: torch.device | str | None = None, breaks: Sequence[int] | None = None) -> DocumentKV:
         """Encodes a document's tokens into BOS-prefixed per-chunk KV ([L, N, Hkv, C, D]); `breaks`:
         token indices where sentences begin, where chunks are cut when they can be."""
         return prefill_document(self.model, self.attention, token_ids, chunk_size, progress, token_budget, out_device,
                                 layer_functions_for(self.device, self.compile_layers, dynamic=True), breaks)
+
+    def chunk(self, token_ids: torch.Tensor | list[int], chunk_size: int,
+              breaks: Sequence[int] | None = None) -> ChunkedTokens:
+        """The document's chunk layout, as `prefill` and `prefill_stream` encode it."""
+        return document_chunks(self.config, token_ids, chunk_size, breaks)
+
+    def prefill_stream(self, chunks: ChunkedTokens, progress: ProgressFn | None = None,
+                       token_budget: int = PREFILL_TOKEN_BUDGET) -> Iterator[PrefillBatch]:
+        """The chunks' KV a batch at a time (see engine.prefill.prefill_batches): what a caller
+        that writes each batch away uses, so the document's KV is never in memory whole."""
+        return prefill_batches(self.model, self.attention, chunks, token_budget,
+                               layer_functions_for(self.device, self.compile_layers, dynamic=True), progress)
 
     def prefill_text(self, text: str, chunk_size: int, progress: ProgressFn | None = None) -> DocumentKV:
         """Tokenizes plain text (no special tokens) and prefills it (fixed cuts; the app cuts at
@@ -157,18 +177,21 @@ class Engine:
 
     def stream_answer(self, documents: DocumentKV | list[DocumentKV], question: str,
                       params: AnswerParams | None = None,
-                      interrupt_check: Callable[[], None] | None = None) -> Iterator[DecodeStep | AnswerResult]:
+                      interrupt_check: Callable[[], None] | None = None,
+                      chunk_priors: Sequence[Sequence[float]] | None = None) -> Iterator[DecodeStep | AnswerResult]:
         """Yields a DecodeStep per denoising step, then the AnswerResult with its trace.
-        `interrupt_check` raises to stop the question before decoding (see engine.answer)."""
+        `interrupt_check` raises to stop the question before decoding; `chunk_priors` (per
+        document, per chunk, in [0, 1]) are fused with the scores (see engine.answer)."""
         docs = [documents] if isinstance(documents, DocumentKV) else list(documents)
         yield from stream_answer(self.model, self.attention, self.tokenizer, docs, question,
-                                 params or AnswerParams(), self.paged_cache, interrupt_check)
+                                 params or AnswerParams(), self.paged_cache, interrupt_check, chunk_priors)
 
     def answer(self, documents: DocumentKV | list[DocumentKV], question: str,
-               params: AnswerParams | None = None) -> AnswerResult:
+               params: AnswerParams | None = None,
+               chunk_priors: Sequence[Sequence[float]] | None = None) -> AnswerResult:
         """Answers a question over prefilled documents (see `stream_answer`)."""
         result = None
-        for event in self.stream_answer(documents, question, params):
+        for event in self.stream_answer(documents, question, params, chunk_priors=chunk_priors):
             result = event
         assert isinstance(result, AnswerResult)
         return result

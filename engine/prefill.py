@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from engine.attention import AttentionBackend, full_mask
-from engine.chunking import chunk_tokens
+from engine.chunking import ChunkedTokens, chunk_tokens
+from engine.config import ModelConfig
 from engine.kv_cache import DocumentKV
 from engine.model import DiffusionLM, LayerFunctions
 
@@ -20,31 +22,25 @@ def chunks_per_batch(chunk_size: int, token_budget: int) -> int:
     return max(1, token_budget // chunk_size)
 
 
-@torch.inference_mode()
-def prefill_document(model: DiffusionLM, attention: AttentionBackend,
-                     token_ids: torch.Tensor | list[int], chunk_size: int,
-                     progress: ProgressFn | None = None, token_budget: int = PREFILL_TOKEN_BUDGET,
-                     out_device: torch.device | str | None = None,
-                     layer_fns: LayerFunctions | None = None, breaks: Sequence[int] | None = None) -> DocumentKV:
-    """Encodes a document's content tokens into per-chunk KV.
+@dataclass(frozen=True)
+class PrefillBatch:
+    """The KV of chunks [start, end) of a document, as one prefill forward made it."""
 
-    Chunks are `[BOS] + at most C-1 content tokens` (cut at sentence starts when `breaks` gives
-    them, see `engine.chunking.chunk_tokens`), batched so that one forward holds at most
-    `token_budget` tokens: a 1M-token document never needs all activations at once. The KV lands
-    in one preallocated `[L, N, Hkv, C, D]` buffer on `out_device` (default: the model's device).
-    `layer_fns`: the layers' halves around attention (default eager; see engine.compiled_layers).
-    """
-    cfg = model.cfg
+    start: int
+    end: int
+    keys: torch.Tensor  # [L, end - start, Hkv, C, D] on the model's device, post-RoPE at local positions
+    values: torch.Tensor  # [L, end - start, Hkv, C, D]
+
+
+@torch.inference_mode()
+def prefill_batches(model: DiffusionLM, attention: AttentionBackend, chunks: ChunkedTokens,
+                    token_budget: int = PREFILL_TOKEN_BUDGET, layer_fns: LayerFunctions | None = None,
+                    progress: ProgressFn | None = None) -> Iterator[PrefillBatch]:
+    """Encodes the chunks a batch at a time, each chunk on its own (bidirectional inside it, local
+    positions), one forward holding at most `token_budget` tokens. A consumer that writes each batch
+    away (app.kv_service streams them to the KV files) holds one batch's KV, not the document's."""
     device = model.embed_tokens.weight.device
-    dtype = model.embed_tokens.weight.dtype
-    out_device = torch.device(out_device) if out_device is not None else device
-    pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
-    chunks = chunk_tokens(token_ids, chunk_size, cfg.bos_token_id, pad, breaks)
-    n, c = chunks.num_chunks, chunk_size
-    shape = (cfg.num_layers, n, cfg.num_kv_heads, c, cfg.head_dim)
-    pin = out_device.type == "cpu" and device.type == "cuda"
-    keys = torch.empty(shape, dtype=dtype, device=out_device, pin_memory=pin)
-    values = torch.empty(shape, dtype=dtype, device=out_device, pin_memory=pin)
+    n, c = chunks.num_chunks, chunks.chunk_size
     step = chunks_per_batch(c, token_budget)
     positions = torch.arange(c, device=device)
     for start in range(0, n, step):
@@ -55,11 +51,43 @@ def prefill_document(model: DiffusionLM, attention: AttentionBackend,
         # runs its flash kernel only without one.
         mask = full_mask() if bool(valid.all()) else full_mask(key_valid=valid.to(device))
         out = model(ids, positions.expand(end - start, c), mask, attention, return_kv=True, layer_fns=layer_fns)
-        for layer, (k, v) in enumerate(out.kv):
-            keys[layer, start:end].copy_(k, non_blocking=True)
-            values[layer, start:end].copy_(v, non_blocking=True)
+        yield PrefillBatch(start, end, torch.stack([k for k, _ in out.kv]), torch.stack([v for _, v in out.kv]))
         if progress is not None:
             progress(end, n)
+
+
+def document_chunks(cfg: ModelConfig, token_ids: torch.Tensor | list[int], chunk_size: int,
+                    breaks: Sequence[int] | None = None) -> ChunkedTokens:
+    """The model's chunk layout of a document: `[BOS] + content`, padded with its pad token."""
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
+    return chunk_tokens(token_ids, chunk_size, cfg.bos_token_id, pad, breaks)
+
+
+@torch.inference_mode()
+def prefill_document(model: DiffusionLM, attention: AttentionBackend,
+                     token_ids: torch.Tensor | list[int], chunk_size: int,
+                     progress: ProgressFn | None = None, token_budget: int = PREFILL_TOKEN_BUDGET,
+                     out_device: torch.device | str | None = None,
+                     layer_fns: LayerFunctions | None = None, breaks: Sequence[int] | None = None) -> DocumentKV:
+    """Encodes a document's content tokens into per-chunk KV, all of it in memory.
+
+    Chunks are `[BOS] + at most C-1 content tokens` (cut at sentence starts when `breaks` gives
+    them, see `engine.chunking.chunk_tokens`), batched by `prefill_batches`. The KV lands in one
+    preallocated `[L, N, Hkv, C, D]` buffer on `out_device` (default: the model's device).
+    `layer_fns`: the layers' halves around attention (default eager; see engine.compiled_layers).
+    """
+    cfg = model.cfg
+    device = model.embed_tokens.weight.device
+    dtype = model.embed_tokens.weight.dtype
+    out_device = torch.device(out_device) if out_device is not None else device
+    chunks = document_chunks(cfg, token_ids, chunk_size, breaks)
+    shape = (cfg.num_layers, chunks.num_chunks, cfg.num_kv_heads, chunk_size, cfg.head_dim)
+    pin = out_device.type == "cpu" and device.type == "cuda"
+    keys = torch.empty(shape, dtype=dtype, device=out_device, pin_memory=pin)
+    values = torch.empty(shape, dtype=dtype, device=out_device, pin_memory=pin)
+    for batch in prefill_batches(model, attention, chunks, token_budget, layer_fns, progress):
+        keys[:, batch.start:batch.end].copy_(batch.keys, non_blocking=True)
+        values[:, batch.start:batch.end].copy_(batch.values, non_blocking=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return DocumentKV(keys=keys, values=values, lengths=chunks.lengths, tokens=chunks.tokens,

@@ -103,6 +103,17 @@ def select_kept_tokens(relevance: torch.Tensor, lengths: torch.Tensor, budget: i
     return torch.gather(top, -1, order), slot_valid
 
 
+def fuse_scores(scores: torch.Tensor, priors: torch.Tensor | None, weight: float) -> torch.Tensor:
+    """scores [N] + weight x priors [N]: the predictive score (nats a token for the likelihood
+    scorers) with a prior relevance in [0, 1] (the app's: BM25 as a share of the best match) worth
+    up to `weight` nats. Unchanged without priors or with weight 0."""
+    if priors is None or weight == 0.0:
+        return scores
+    if priors.shape != scores.shape:
+        raise ValueError(f"{priors.numel()} priors for {scores.numel()} chunk scores")
+    return scores + weight * priors.to(scores.device, scores.dtype)
+
+
 def select_top_chunks(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k best chunks (ties go to the earlier chunk), returned in document order."""
     n = scores.numel()

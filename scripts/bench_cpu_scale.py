@@ -54,6 +54,7 @@ def one_size(pages: int, device: str, prefilter: int | None) -> dict:
         start = time.perf_counter()
         info, _ = service.ingest_file(pdf)
         ingest_s = time.perf_counter() - start
+        ingest_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
         start = time.perf_counter()
         result = service.answer(QUESTION, [info.record.id])
         question_s = time.perf_counter() - start
@@ -61,6 +62,7 @@ def one_size(pages: int, device: str, prefilter: int | None) -> dict:
                 "ingest_s": round(ingest_s, 1), "pages_per_s": round(pages / ingest_s, 2),
                 "question_s": round(question_s, 2), "scoring_s": round(result.timings.get("scoring", 0.0), 2),
                 "answer": result.answer, "answer_pages": [c.pages for c in result.citations],
+                "ingest_peak_rss_gb": round(ingest_peak, 2),
                 "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2)}
 
 

@@ -1,10 +1,12 @@
-"""Load-from-disk versus re-prefill of a document's KV at Dream-7B shape (random bf16 weights).
+"""KV files at Dream-7B shape (random bf16 weights): size, load time and error per encoding
+(fp8 e4m3 with scales, bf16), against re-prefilling.
 
-    python scripts/bench_kv_storage.py --tokens 8192 32768 --out results.json [--cpu-layers 1]
+    python scripts/bench_kv_storage.py --tokens 8192 32768 --out results.json [--encodings fp8 bf16]
 
 On a GPU: the whole random Dream-7B model prefills each document (chunked, C=512), the KV is saved
 through DocumentStore, and loaded back onto the GPU: first load (checksums verified), then again
-with the file pages dropped from the page cache (posix_fadvise DONTNEED), then warm.
+with the file pages dropped from the page cache (posix_fadvise DONTNEED), then warm; then the M
+chunks a prefiltered question reads. Each load decodes to bf16 on the device.
 On a CPU-only machine the 7B model does not fit in fp32 and would take an hour per document, so
 prefill is timed on `--cpu-layers` real-shape layers and scaled to 28 (prefill is linear in
 tokens and layers once the chunk size is fixed); the load is real. The JSON says which.
@@ -22,12 +24,13 @@ from dataclasses import replace
 
 import torch
 
-from app.kv_service import CHUNK_AXIS, kv_to_tensors
+from app.kv_service import CHUNK_AXIS, OPTIONAL_TENSORS, kv_to_tensors, tensors_to_kv
 from engine.attention import select_backend
 from engine.config import KNOWN_CONFIGS
 from engine.prefill import prefill_document
 from engine.weights import random_model
 from storage import ChunkRecord, DocumentStore, KVKey, PageSpan
+from storage.kv_codec import KV_ENCODINGS
 
 
 def drop_page_cache(root: str) -> None:
@@ -50,16 +53,14 @@ def timed(device, fn, *args, **kwargs):
     return out, time.perf_counter() - t
 
 
-def load_resident(store, cache, device):
-    """Loads a cache and makes it resident: on the CPU a memory-mapped load is lazy, so every
-    page is read (cloned) to count what a question would pay before its first use."""
-    tensors = store.load_kv(cache, CHUNK_AXIS, device)
-    if device.type == "cpu":
-        tensors = {k: v.clone() for k, v in tensors.items()}
-    return tensors
+def load_resident(store, cache, device, ordinals=None):
+    """Loads a cache (or the chunks `ordinals`) decoded to bf16 on `device`, as a question does. On
+    the CPU a memory-mapped read is lazy, so the decode touches every page before it returns."""
+    tensors = store.load_kv(cache, CHUNK_AXIS, "cpu", ordinals, optional=OPTIONAL_TENSORS)
+    return tensors_to_kv(tensors, torch.bfloat16, device)
 
 
-def bench_one(model, attn, store, root, n_tokens, chunk_size, scale, device) -> dict:
+def bench_one(model, attn, store, root, n_tokens, chunk_size, scale, device, encodings, prefilter) -> list[dict]:
     dtype = torch.bfloat16
     ids = torch.randint(0, 150000, (n_tokens,))
     prefill_document(model, attn, ids[: chunk_size * 2], chunk_size)  # warm-up
@@ -68,26 +69,38 @@ def bench_one(model, attn, store, root, n_tokens, chunk_size, scale, device) -> 
         # Real-shape layers in fp32 on the CPU; the stored cache is what the full bf16 model makes.
         doc = replace(doc, keys=doc.keys.to(dtype).repeat(int(scale), 1, 1, 1, 1),
                       values=doc.values.to(dtype).repeat(int(scale), 1, 1, 1, 1))
-    text = f"doc {n_tokens}"
-    doc_id = hashlib.sha256(text.encode()).hexdigest()
-    store.add_document(doc_id, text, "text/plain", len(text), text, [PageSpan(0, "1", 0, len(text), True)])
-    key = KVKey(doc_id, "bench-dream7b", chunk_size, "bfloat16")
-    chunks = [ChunkRecord(j, 0, 1, 0, 1, 0, 0, "") for j in range(doc.num_chunks)]
-    cache, save_s = timed(device, store.save_kv, key, kv_to_tensors(doc), CHUNK_AXIS, chunks, n_tokens)
-    del doc
-    fresh = DocumentStore(root)  # a new process's view: checksums not yet verified
-    drop_page_cache(root)
-    _, load_verify_s = timed(device, load_resident, fresh, cache, device)
-    drop_page_cache(root)
-    _, load_cold_s = timed(device, load_resident, fresh, cache, device)
-    _, load_warm_s = timed(device, load_resident, fresh, cache, device)
-    row = {"tokens": n_tokens, "kv_bytes": cache.bytes, "files": len(cache.files),
-           "prefill_s_measured": prefill_s, "prefill_s_full_model": prefill_s * scale,
-           "prefill_extrapolated": device.type != "cuda", "save_s": save_s,
-           "load_first_with_checksum_s": load_verify_s, "load_cold_page_cache_s": load_cold_s,
-           "load_warm_page_cache_s": load_warm_s}
-    row["speedup_cold_load_vs_prefill"] = row["prefill_s_full_model"] / load_cold_s
-    return row
+    rows = []
+    for encoding in encodings:
+        text = f"doc {n_tokens} {encoding}"
+        doc_id = hashlib.sha256(text.encode()).hexdigest()
+        store.add_document(doc_id, text, "text/plain", len(text), text, [PageSpan(0, "1", 0, len(text), True)])
+        key = KVKey(doc_id, f"bench-dream7b-{encoding}", chunk_size, "bfloat16", "fixed")
+        chunks = [ChunkRecord(j, 0, 1, 0, 1, 0, 0, "") for j in range(doc.num_chunks)]
+        cache, save_s = timed(device, store.save_kv, key, kv_to_tensors(doc, encoding), CHUNK_AXIS, chunks, n_tokens)
+        fresh = DocumentStore(root)  # a new process's view: checksums not yet verified
+        drop_page_cache(root)
+        loaded, load_verify_s = timed(device, load_resident, fresh, cache, device)
+        keys = loaded.keys.float()
+        rel_err = float((keys - doc.keys.float()).norm() / doc.keys.float().norm())
+        del loaded, keys
+        drop_page_cache(root)
+        _, load_cold_s = timed(device, load_resident, fresh, cache, device)
+        _, load_warm_s = timed(device, load_resident, fresh, cache, device)
+        picked = sorted(torch.randperm(doc.num_chunks)[:prefilter].tolist())
+        drop_page_cache(root)
+        _, chunks_cold_s = timed(device, load_resident, fresh, cache, device, picked)
+        _, chunks_warm_s = timed(device, load_resident, fresh, cache, device, picked)
+        row = {"tokens": n_tokens, "encoding": encoding, "kv_bytes": cache.bytes, "files": len(cache.files),
+               "bytes_per_token": cache.bytes / n_tokens, "keys_relative_error": rel_err,
+               "prefill_s_measured": prefill_s, "prefill_s_full_model": prefill_s * scale,
+               "prefill_extrapolated": device.type != "cuda", "save_s": save_s,
+               "load_first_with_checksum_s": load_verify_s, "load_cold_page_cache_s": load_cold_s,
+               "load_warm_page_cache_s": load_warm_s, "prefilter_chunks": len(picked),
+               "load_prefilter_chunks_cold_s": chunks_cold_s, "load_prefilter_chunks_warm_s": chunks_warm_s}
+        row["speedup_cold_load_vs_prefill"] = row["prefill_s_full_model"] / load_cold_s
+        rows.append(row)
+        store.delete_document(doc_id)
+    return rows
 
 
 def main() -> None:
@@ -97,6 +110,8 @@ def main() -> None:
     ap.add_argument("--cpu-layers", type=int, default=1)
     ap.add_argument("--out", required=True)
     ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--encodings", nargs="+", choices=KV_ENCODINGS, default=list(KV_ENCODINGS))
+    ap.add_argument("--prefilter", type=int, default=64, help="chunks a question reads (the BM25 prefilter's M)")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     full = KNOWN_CONFIGS["dream-7b"]
@@ -111,9 +126,10 @@ def main() -> None:
     root = args.data_dir or tempfile.mkdtemp(prefix="docqa-bench-")
     store = DocumentStore(root)
     for n_tokens in args.tokens:
-        row = bench_one(model, attn, store, root, n_tokens, args.chunk_size, full.num_layers / layers, device)
-        record["results"].append(row)
-        print(json.dumps(row), flush=True)
+        for row in bench_one(model, attn, store, root, n_tokens, args.chunk_size, full.num_layers / layers, device,
+                             args.encodings, args.prefilter):
+            record["results"].append(row)
+            print(json.dumps(row), flush=True)
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)
 

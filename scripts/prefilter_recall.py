@@ -49,7 +49,7 @@ def main() -> None:
                     holding.add(int(torch.searchsorted(doc.content_starts, tok_at, right=True)) - 1)
             if holding:
                 for m in SIZES:
-                    seen = set(prefiltered(doc, texts, s.question, m))
+                    seen = set(prefiltered(doc, texts, s.question, m)[0])
                     recall[(s.task.split("_")[0], s.length, m)].append(len(holding & seen) / len(holding))
     print("| family | length | " + " | ".join(f"M = {m}" for m in SIZES) + " |")
     print("|---|---|" + "---|" * len(SIZES))

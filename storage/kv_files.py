@@ -8,10 +8,12 @@ recorded at write time; a load checks sizes always and hashes once per process.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from storage.errors import NO_SPACE, READ_ONLY, KVFileError, ReadOnlyError, Stor
 TMP_MARK = ".tmp-"
 # What a KV file holds and how (names, axes, dtypes, metadata). Part of every cache's key: files
 # written in another format are never read as this one, but prefilled again.
-KV_FORMAT = "safetensors-kv-v1"
+KV_FORMAT = "safetensors-kv-v2"
 
 
 @dataclass(frozen=True)
@@ -51,45 +53,109 @@ def shard_ranges(num_chunks: int, bytes_per_chunk: int, max_shard_bytes: int) ->
     return [(s, min(num_chunks, s + per_shard)) for s in range(0, max(num_chunks, 1), per_shard)]
 
 
+class KVShardWriter:
+    """Streams a cache's tensors, a range of consecutive chunks at a time, into shard files.
+
+    Shards fill to `max_shard_bytes` and are written (fsynced, hashed) as they fill, so a writer
+    holds at most one shard's bytes however long the document: a prefill hands it each batch and
+    drops it. Everything goes into a temporary folder that `finish` renames into place; `abort` (or
+    any error) removes it, so a crash or a full disk leaves no half cache. Errors are StorageError
+    (StorageFullError on a full disk, ReadOnlyError on a read-only folder).
+    """
+
+    def __init__(self, root: Path, rel_folder: str, chunk_axis: dict[str, int], max_shard_bytes: int,
+                 metadata: dict[str, str]) -> None:
+        self.root, self.rel_folder, self.chunk_axis = root, rel_folder, chunk_axis
+        self.max_shard_bytes, self.metadata = max_shard_bytes, metadata
+        self.folder = root / rel_folder
+        self.tmp = self.folder.parent / f"{self.folder.name}{TMP_MARK}{uuid.uuid4().hex[:8]}"
+        self.shards: list[ShardInfo] = []
+        self.num_chunks = 0  # chunks received so far
+        self._pending: list[dict[str, torch.Tensor]] = []  # parts of the shard being filled
+        self._pending_chunks = 0
+        self._per_shard: int | None = None  # chunks a shard holds (known from the first part)
+        with self._errors():
+            self.tmp.mkdir(parents=True)
+
+    def append(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Adds the next chunks: every tensor holds the same number of chunks on its chunk axis."""
+        counts = {t.shape[self.chunk_axis[name]] for name, t in tensors.items()}
+        if len(counts) != 1:
+            raise ValueError(f"tensors disagree on their number of chunks: {sorted(counts)}")
+        n = counts.pop()
+        if self._per_shard is None:
+            per_chunk = sum(t.numel() * t.element_size() for t in tensors.values()) // max(n, 1)
+            self._per_shard = max(1, self.max_shard_bytes // max(per_chunk, 1))
+        done = 0
+        while done < n:  # a part larger than the room left in the shard is split across shards
+            take = min(n - done, self._per_shard - self._pending_chunks)
+            self._pending.append({name: t.narrow(self.chunk_axis[name], done, take).cpu()
+                                  for name, t in tensors.items()})
+            self._pending_chunks += take
+            done += take
+            if self._pending_chunks == self._per_shard:
+                self._flush()
+        self.num_chunks += n
+
+    def finish(self) -> list[ShardInfo]:
+        """Writes what is pending and renames the folder into place (replacing an older copy)."""
+        with self._errors():
+            if self._pending or not self.shards:
+                self._flush()
+            _fsync_dir(self.tmp)
+            if self.folder.exists():  # an evicted or broken earlier copy: it is replaced whole
+                shutil.rmtree(self.folder)
+            os.replace(self.tmp, self.folder)
+            _fsync_dir(self.folder.parent)
+        return self.shards
+
+    def abort(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _flush(self) -> None:
+        names = self._pending[0].keys() if self._pending else ()
+        part = {name: torch.cat([p[name] for p in self._pending], dim=self.chunk_axis[name]).contiguous()
+                for name in names}
+        start = sum(s.chunk_end - s.chunk_start for s in self.shards)
+        end = start + self._pending_chunks
+        self._pending, self._pending_chunks = [], 0
+        blob = save(part, metadata=self.metadata | {"chunk_start": str(start), "chunk_end": str(end)})
+        del part
+        name = f"kv-{len(self.shards):05d}.safetensors"
+        with self._errors(), open(self.tmp / name, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        self.shards.append(ShardInfo(len(self.shards), f"{self.rel_folder}/{name}", len(blob),
+                                     hashlib.sha256(blob).hexdigest(), start, end))
+
+    @contextlib.contextmanager
+    def _errors(self):
+        try:
+            yield
+        except OSError as exc:
+            self.abort()
+            if exc.errno in NO_SPACE:
+                raise StorageFullError(f"no space left to store the KV cache in {self.root} ({exc.strerror}); "
+                                       "free disk space or lower the storage budget") from None
+            if exc.errno in READ_ONLY:
+                raise ReadOnlyError(f"the data folder {self.root} is read-only: "
+                                    "the KV cache cannot be stored") from None
+            raise StorageError(f"cannot write the KV cache to {self.folder}: {exc}") from exc
+
+
 def write_kv_shards(root: Path, rel_folder: str, tensors: dict[str, torch.Tensor], chunk_axis: dict[str, int],
                     num_chunks: int, max_shard_bytes: int, metadata: dict[str, str]) -> list[ShardInfo]:
-    """Writes `tensors` (split along their chunk axis) into `root/rel_folder`, atomically.
-
-    Raises StorageFullError when the disk is full (nothing is left behind), StorageError otherwise.
-    """
-    folder = root / rel_folder
-    tmp = folder.parent / f"{folder.name}{TMP_MARK}{uuid.uuid4().hex[:8]}"
-    per_chunk = sum(t.numel() * t.element_size() for t in tensors.values()) // max(num_chunks, 1)
-    shards = []
+    """Writes `tensors` (split along their chunk axis) into `root/rel_folder`, atomically."""
+    writer = KVShardWriter(root, rel_folder, chunk_axis, max_shard_bytes, metadata)
     try:
-        tmp.mkdir(parents=True)
-        ranges = shard_ranges(num_chunks, per_chunk, max_shard_bytes)
-        for i, (start, end) in enumerate(ranges):
-            part = {name: t.narrow(chunk_axis[name], start, end - start).contiguous().cpu()
-                    for name, t in tensors.items()}
-            blob = save(part, metadata=metadata | {"chunk_start": str(start), "chunk_end": str(end)})
-            name = f"kv-{i:04d}-of-{len(ranges):04d}.safetensors"
-            with open(tmp / name, "wb") as f:
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
-            shards.append(ShardInfo(i, f"{rel_folder}/{name}", len(blob), hashlib.sha256(blob).hexdigest(),
-                                    start, end))
-            del blob
-        _fsync_dir(tmp)
-        if folder.exists():  # an evicted or broken earlier copy: it is replaced whole
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-        _fsync_dir(folder.parent)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if exc.errno in NO_SPACE:
-            raise StorageFullError(f"no space left to store the KV cache in {root} ({exc.strerror}); "
-                                   "free disk space or lower the storage budget") from None
-        if exc.errno in READ_ONLY:
-            raise ReadOnlyError(f"the data folder {root} is read-only: the KV cache cannot be stored") from None
-        raise StorageError(f"cannot write the KV cache to {folder}: {exc}") from exc
-    return shards
+        writer.append(tensors)
+        if writer.num_chunks != num_chunks:
+            raise ValueError(f"tensors hold {writer.num_chunks} chunks, expected {num_chunks}")
+        return writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
 
 
 def file_sha256(path: Path) -> str:
@@ -114,8 +180,9 @@ def check_shard(root: Path, shard: ShardInfo, verify_hash: bool) -> None:
 
 
 def read_kv_shards(root: Path, shards: list[ShardInfo], chunk_axis: dict[str, int], device: torch.device | str,
-                   verify_hash: bool) -> dict[str, torch.Tensor]:
-    """Loads and joins the shards (memory-mapped reads) onto `device`."""
+                   verify_hash: bool, optional: Collection[str] = ()) -> dict[str, torch.Tensor]:
+    """Loads and joins the shards (memory-mapped reads) onto `device`. Every tensor of
+    `chunk_axis` must be there but those in `optional` (an encoding's scales)."""
     parts: dict[str, list[torch.Tensor]] = {}
     for shard in shards:
         check_shard(root, shard, verify_hash)
@@ -125,7 +192,7 @@ def read_kv_shards(root: Path, shards: list[ShardInfo], chunk_axis: dict[str, in
                     parts.setdefault(name, []).append(f.get_tensor(name))
         except (SafetensorError, OSError, ValueError) as exc:
             raise KVFileError(f"KV file {shard.path} cannot be read: {exc}") from None
-    missing = set(chunk_axis) - set(parts)
+    missing = set(chunk_axis) - set(optional) - set(parts)
     if missing:
         raise KVFileError(f"KV files lack tensors: {', '.join(sorted(missing))}")
     out = {}
@@ -136,7 +203,8 @@ def read_kv_shards(root: Path, shards: list[ShardInfo], chunk_axis: dict[str, in
 
 
 def read_kv_chunks(root: Path, shards: list[ShardInfo], chunk_axis: dict[str, int], ordinals: list[int],
-                   device: torch.device | str, verify_hash: bool) -> dict[str, torch.Tensor]:
+                   device: torch.device | str, verify_hash: bool, optional: Collection[str] = ()
+                   ) -> dict[str, torch.Tensor]:
     """Loads only the chunks `ordinals` (sorted, distinct) of a cache: each shard holding some of
     them is memory-mapped and sliced in runs of consecutive chunks, so a question reads M chunks'
     bytes, not the document's."""
@@ -164,7 +232,7 @@ def read_kv_chunks(root: Path, shards: list[ShardInfo], chunk_axis: dict[str, in
                     parts.setdefault(name, []).extend(sl[(*lead, slice(a, b))] for a, b in runs)
         except (SafetensorError, OSError, ValueError) as exc:
             raise KVFileError(f"KV file {shard.path} cannot be read: {exc}") from None
-    missing = set(chunk_axis) - set(parts)
+    missing = set(chunk_axis) - set(optional) - set(parts)
     if missing:
         raise KVFileError(f"KV files lack tensors: {', '.join(sorted(missing))}")
     return {name: torch.cat(pieces, dim=chunk_axis[name]).to(device) for name, pieces in parts.items()}

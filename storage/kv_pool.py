@@ -7,6 +7,7 @@ there is no warm tier. The pool holds plain tensor dicts; it knows nothing of mo
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -46,6 +47,26 @@ def _copy_to(entry: TensorDict, device: torch.device, pin: bool) -> TensorDict:
         else:
             out[name] = t.to(device, non_blocking=True)
     return out
+
+
+HOT_FRACTION_GPU = 0.25  # of the device's memory: the rest is weights, activations, decode buffers
+HOT_FRACTION_CPU = 0.125  # of the machine's memory, when the hot tier is the CPU
+WARM_FRACTION = 0.125  # of the machine's memory, pinned (pinned pages cannot be swapped out)
+
+
+def machine_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def default_budgets(hot_device: torch.device | str) -> tuple[int, int]:
+    """(hot, warm) byte budgets: fractions of the device's and the machine's memory, so the pool's
+    size follows the machine, not the documents. A CPU-only machine has no warm tier."""
+    device = torch.device(hot_device)
+    ram = machine_memory_bytes()
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        return int(HOT_FRACTION_GPU * total), int(WARM_FRACTION * ram)
+    return int(HOT_FRACTION_CPU * ram), 0
 
 
 class TieredKVPool:

@@ -6,7 +6,7 @@ Layout:
     <data>/documents/<id>.txt        each document's extracted text
     <data>/documents/<id>.json       its name, type and pages (`repair` rebuilds rows from it)
     <data>/uploads/<id>.<ext>        the original file, never served
-    <data>/kv/<id>/<fingerprint>-c<chunk size>-<dtype>/kv-NNNN-of-NNNN.safetensors
+    <data>/kv/<id>/<fingerprint>-c<chunk size>-<dtype>/kv-NNNNN.safetensors
 
 Invariants: a document is 'ingesting' until its KV is stored, then 'ready' ('failed' when the KV
 could not be stored: kept, to be retried); a KV cache row is 'ready' only once all its files are
@@ -28,6 +28,7 @@ import shutil
 import sqlite3
 import threading
 import uuid
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,13 +42,13 @@ from storage.errors import NO_SPACE, READ_ONLY, DatabaseError, ReadOnlyError
 from storage.kv_files import (
     TMP_MARK,
     KVFileError,
+    KVShardWriter,
     ShardInfo,
     StorageError,
     StorageFullError,
     read_kv_chunks,
     read_kv_shards,
     remove_temporaries,
-    write_kv_shards,
 )
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,9 @@ DB_FILE = "docqa.sqlite"
 BACKUP_FILE = "docqa.sqlite.bak"
 WRITERS_LOCK = ".writers.lock"
 UPLOAD_SUFFIXES = (".pdf", ".txt", ".md", ".markdown")
-DEFAULT_MAX_SHARD_BYTES = 2 << 30  # 2 GiB per KV file
+# Per KV file: a prefill streams its batches into shards of this size, so it is also the most KV
+# memory a write holds (twice: the tensors and their serialised bytes).
+DEFAULT_MAX_SHARD_BYTES = 256 << 20
 
 
 def _now() -> str:
@@ -197,6 +200,7 @@ class DocumentStore:
         self._verified: set[str] = set()  # shard paths whose checksum this process has checked
         self._verified_lock = threading.Lock()
         self._check_database()
+        self.removed_unfinished: list[str] = []  # ids of documents recovery removed (never became ready)
         self.last_recovery = self.recover() if run_recovery and not self.read_only else {}
 
     def _check_database(self) -> None:
@@ -419,26 +423,36 @@ class DocumentStore:
         return [self._cache_record(r) for r in self.db.query(
             "SELECT * FROM kv_caches WHERE document_id = ? ORDER BY id", [doc_id])]
 
-    def save_kv(self, key: KVKey, tensors: dict[str, torch.Tensor], chunk_axis: dict[str, int],
-                chunks: list[ChunkRecord], num_tokens: int) -> KVCacheRecord:
+    def save_kv(self, key: KVKey, tensors: dict[str, torch.Tensor] | Iterable[dict[str, torch.Tensor]],
+                chunk_axis: dict[str, int], chunks: list[ChunkRecord], num_tokens: int) -> KVCacheRecord:
         """Writes the KV files atomically, then records cache, files and chunks in one transaction.
 
-        On a full disk raises StorageFullError and leaves the database as it was.
+        `tensors`: the whole cache, or an iterable of consecutive chunk ranges (a prefill's
+        batches): each is written to the shard files as it comes and can then be freed, so a
+        document of any length costs one shard's memory here. On a full disk raises
+        StorageFullError and leaves the database and the folder as they were.
         """
         if self.get_document(key.document_id) is None:
             raise StorageError(f"unknown document {key.document_id}")
-        sizes = {name: t.shape[chunk_axis[name]] for name, t in tensors.items()}
-        if any(n != len(chunks) for n in sizes.values()):
-            raise ValueError(f"{len(chunks)} chunk records for tensors with chunk counts {sizes}")
         meta = {"document_id": key.document_id, "model_fingerprint": key.model_fingerprint,
                 "chunk_size": str(key.chunk_size), "dtype": key.dtype, "chunking": key.chunking}
+        parts = [tensors] if isinstance(tensors, dict) else tensors
         with self.writing():
-            return self._save_kv_locked(key, tensors, chunk_axis, chunks, num_tokens, meta)
+            return self._save_kv_locked(key, parts, chunk_axis, chunks, num_tokens, meta)
 
-    def _save_kv_locked(self, key, tensors, chunk_axis, chunks, num_tokens, meta) -> KVCacheRecord:
+    def _save_kv_locked(self, key, parts, chunk_axis, chunks, num_tokens, meta) -> KVCacheRecord:
         num_chunks = len(chunks)
         folder = f"{key.folder_prefix}-{uuid.uuid4().hex[:8]}"
-        shards = write_kv_shards(self.root, folder, tensors, chunk_axis, num_chunks, self.max_shard_bytes, meta)
+        writer = KVShardWriter(self.root, folder, chunk_axis, self.max_shard_bytes, meta)
+        try:
+            for part in parts:
+                writer.append(part)
+            if writer.num_chunks != num_chunks:
+                raise ValueError(f"{num_chunks} chunk records for tensors holding {writer.num_chunks} chunks")
+            shards = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
         total = sum(s.bytes for s in shards)
         now = _now()
         # Without `chunking`: a cache of another cut for the same key is replaced, not kept beside.
@@ -468,8 +482,8 @@ class DocumentStore:
         self.backup()
         return self.find_kv(key)
 
-    def load_kv(self, record: KVCacheRecord, chunk_axis: dict[str, int],
-                device: torch.device | str = "cpu", ordinals: list[int] | None = None) -> dict[str, torch.Tensor]:
+    def load_kv(self, record: KVCacheRecord, chunk_axis: dict[str, int], device: torch.device | str = "cpu",
+                ordinals: list[int] | None = None, optional: Collection[str] = ()) -> dict[str, torch.Tensor]:
         """Reads a cache's tensors, or only the chunks `ordinals` (sorted, distinct: memory-mapped
         slices of the shards holding them); checksums are verified the first time this process
         reads a file.
@@ -484,9 +498,9 @@ class DocumentStore:
             fresh = not read <= self._verified
         try:
             if ordinals is None:
-                tensors = read_kv_shards(self.root, shards, chunk_axis, device, verify_hash=fresh)
+                tensors = read_kv_shards(self.root, shards, chunk_axis, device, fresh, optional)
             else:
-                tensors = read_kv_chunks(self.root, shards, chunk_axis, ordinals, device, verify_hash=fresh)
+                tensors = read_kv_chunks(self.root, shards, chunk_axis, ordinals, device, fresh, optional)
         except KVFileError:
             logger.warning("KV cache %s of document %s is damaged; it will be recomputed", record.id,
                            record.key.document_id)
@@ -564,6 +578,7 @@ class DocumentStore:
             self._remove_files_of(doc_id)
         self.db.execute("DELETE FROM deleted_documents")
         stats["unfinished_documents"] = len(unfinished)
+        self.removed_unfinished = unfinished
         stats["deletions_finished"] = len(deleted)
         known_docs = {r["id"] for r in self.db.query("SELECT id FROM documents")}
         live_folders = {r["folder"] for r in self.db.query("SELECT folder FROM kv_caches WHERE status = 'ready'")}

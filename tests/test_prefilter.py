@@ -8,12 +8,14 @@ import sqlite3
 import pytest
 import torch
 
-from app.kv_service import CHUNK_AXIS, kv_to_tensors
-from app.prefilter import candidate_chunks
+from app.kv_service import CHUNK_AXIS, OPTIONAL_TENSORS, at_stored_precision, kv_to_tensors
+from app.prefilter import bm25_priors, candidate_chunks
 from app.service import DocQA, ServiceConfig
 from engine import DocumentKV
 from engine.kv_cache import take_chunks
+from engine.scoring import fuse_scores
 from storage.chunk_index import fts_query, index_texts, query_terms, search
+from storage.kv_codec import FP8, KV_ENCODINGS
 from storage.kv_files import read_kv_chunks, write_kv_shards
 
 
@@ -72,17 +74,20 @@ def _random_kv(n: int, seed: int = 0) -> DocumentKV:
                       content_starts=torch.arange(n) * 4)
 
 
-def test_reading_some_chunks_from_the_files_equals_taking_them_from_the_whole(tmp_path):
+@pytest.mark.parametrize("encoding", KV_ENCODINGS)
+def test_reading_some_chunks_from_the_files_equals_taking_them_from_the_whole(tmp_path, encoding):
     doc = _random_kv(23)
-    tensors = kv_to_tensors(doc)
+    tensors = kv_to_tensors(doc, encoding)
     per_chunk = sum(t.numel() * t.element_size() for t in tensors.values()) // 23
     shards = write_kv_shards(tmp_path, "kv/x", tensors, CHUNK_AXIS, 23, 4 * per_chunk, {})
     assert len(shards) == 6
     for ordinals in ([0], [3, 4, 5, 6], [1, 7, 8, 22], list(range(23))):
-        got = read_kv_chunks(tmp_path, shards, CHUNK_AXIS, ordinals, "cpu", verify_hash=True)
-        want = take_chunks(doc, ordinals)
-        for name in CHUNK_AXIS:
-            assert torch.equal(got[name], getattr(want, name)), (name, ordinals)
+        got = read_kv_chunks(tmp_path, shards, CHUNK_AXIS, ordinals, "cpu", True, OPTIONAL_TENSORS)
+        want = kv_to_tensors(take_chunks(at_stored_precision(doc, encoding), ordinals), encoding)
+        assert set(got) == set(want)
+        for name in want:
+            bits = [t.view(torch.uint8) if t.dtype == FP8 else t for t in (got[name], want[name])]
+            assert torch.equal(*bits), (name, ordinals)
 
 
 def _long_text(n_paragraphs: int) -> str:
@@ -102,12 +107,13 @@ def test_a_question_scores_only_the_prefiltered_chunks_and_cites_real_ordinals(s
     info, _ = service.ingest(_long_text(60).encode(), "districts.txt")
     assert info.chunks > 20
     question = "What is the inspection code for the northern reservoir?"
-    result = service.answer(question, [info.record.id], prefilter_chunks=6)
+    scorer_only = service.params(bm25_weight=0.0)  # the scores compared below are the scorer's own
+    result = service.answer(question, [info.record.id], params=scorer_only, prefilter_chunks=6)
     assert len(result.scores) == 6  # the scorer saw M chunks, not the document's
     holding = [c for c in service.kv.chunks(info.record.id, service.defaults.chunk_size) if "73914" in c.text]
     assert holding and holding[0].ordinal in {s["chunk"] for s in result.scores}
     assert any(c.chunk == holding[0].ordinal and "73914" in c.text for c in result.citations)
-    full = service.answer(question, [info.record.id], prefilter_chunks=0)
+    full = service.answer(question, [info.record.id], params=scorer_only, prefilter_chunks=0)
     assert len(full.scores) == info.chunks
     # The same chunk scores the same whether the scorer saw 6 chunks or all of them.
     by_chunk = {s["chunk"]: s["score"] for s in full.scores}
@@ -141,3 +147,39 @@ def test_a_collection_whose_words_match_one_document_keeps_the_others_cached(ser
     assert len(result.scores) == 4 and {s["document"] for s in result.scores} == {"first.txt", "second.txt"}
     after = service.store.find_kv(service.kv.key(second.record.id, size))
     assert after is not None and after.id == before.id  # not evicted, not prefilled again
+
+
+# ---- score fusion -------------------------------------------------------------------------------
+
+def test_bm25_priors_are_shares_of_the_best_match():
+    hits = [(0, 4, -6.0), (1, 2, -3.0), (0, 9, -1.5)]
+    chosen = [[1, 4, 9], [2, 5]]  # 1 and 5: the even fill, no question word
+    assert bm25_priors(hits, chosen) == [[0.0, 1.0, 0.25], [0.5, 0.0]]
+    assert bm25_priors([], [[0, 1]]) == [[0.0, 0.0]]
+
+
+def test_fuse_scores_adds_the_weighted_prior_and_checks_shapes():
+    scores = torch.tensor([-2.0, -1.0, -3.0])
+    priors = torch.tensor([1.0, 0.0, 0.5])
+    assert fuse_scores(scores, None, 2.0) is scores and fuse_scores(scores, priors, 0.0) is scores
+    assert torch.equal(fuse_scores(scores, priors, 2.0), torch.tensor([0.0, -1.0, -2.0]))
+    with pytest.raises(ValueError, match="2 priors for 3"):
+        fuse_scores(scores, priors[:2], 1.0)
+
+
+def test_a_heavy_bm25_weight_selects_the_best_match_whatever_the_scorer_says(service):
+    """With the prior worth far more than any score gap, the top-1 chunk is BM25's best; with
+    weight 0 the scorer's choice stands, and the trace shows the fused scores."""
+    from dataclasses import replace
+
+    info, _ = service.ingest(_long_text(50).encode() + b" The orchard ledger lists 412 pear trees.", "fused.txt")
+    question = "How many pear trees does the orchard ledger list?"
+    params = replace(service.params(), top_k=1, score_margin=None, coverage_gain=None)
+    plain = service.answer(question, [info.record.id], params=params, prefilter_chunks=8)
+    best = max(plain.scores, key=lambda s: s["score"])
+    fused = service.answer(question, [info.record.id], params=replace(params, prior_weight=1000.0),
+                           prefilter_chunks=8)
+    holding = [c.ordinal for c in service.kv.chunks(info.record.id, service.defaults.chunk_size) if "412" in c.text]
+    assert [c.chunk for c in fused.citations] == holding  # the only chunk with "pear" and "ledger"
+    assert max(s["score"] for s in fused.scores) > 900  # the prior is in the trace's scores
+    assert [c.chunk for c in plain.citations] == [best["chunk"]]

@@ -18,9 +18,9 @@ import torch
 from app.kv_service import (
     CHUNK_AXIS,
     CHUNKING,
+    OPTIONAL_TENSORS,
     DocumentKVService,
     at_stored_precision,
-    kv_to_tensors,
     stored_kv_dtype,
 )
 from engine import DocumentKV, Engine
@@ -36,6 +36,7 @@ from storage import (
     TieredKVPool,
 )
 from storage.db import connect, migrations
+from storage.kv_codec import KV_ENCODINGS, decode_kv, encode_kv, round_trip
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = ("The harbour master logs every ship. " * 30 + "The lighthouse keeper is named Odile Varga. "
@@ -107,24 +108,28 @@ def test_documents_are_deduplicated_by_content(tmp_path):
 
 # ---- KV files ----------------------------------------------------------------------------------------
 
-def test_kv_round_trip_is_bitwise_and_sharded(engine, tmp_path):
-    service, store = _service(engine, tmp_path, max_shard_bytes=20_000)
+@pytest.mark.parametrize("encoding", KV_ENCODINGS)
+def test_kv_round_trip_is_bitwise_and_sharded(engine, tmp_path, encoding):
+    store = DocumentStore(tmp_path, max_shard_bytes=20_000)
+    service = DocumentKVService(engine, store, TieredKVPool("cpu", hot_bytes=1 << 30), encoding)
     doc_id = _add(store)
     first = service.get(doc_id, chunk_size=32)
     record = store.find_kv(service.key(doc_id, 32))
     assert len(record.files) > 1, "small shard limit should split the cache"
-    files = DocumentStore(tmp_path).load_kv(record, CHUNK_AXIS)
-    for name, tensor in kv_to_tensors(first).items():
-        if name in ("keys", "values"):  # an fp32 (CPU) engine's KV is kept in bf16: half the disk
-            assert tensor.dtype == torch.float32 and files[name].dtype == torch.bfloat16
-        else:
-            assert files[name].dtype == tensor.dtype
-        assert torch.equal(files[name].to(tensor.dtype), tensor.cpu()), name
-    restarted, _ = _service(engine, tmp_path)
+    files = DocumentStore(tmp_path).load_kv(record, CHUNK_AXIS, optional=OPTIONAL_TENSORS)
+    # An fp32 (CPU) engine's KV is kept in bf16 (half the disk) or e4m3 with scales (a quarter).
+    stored = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}[encoding]
+    assert files["keys"].dtype == files["values"].dtype == stored
+    assert ("keys_scale" in files) == (encoding == "fp8")
+    assert files["tokens"].dtype == torch.int32 and torch.equal(files["tokens"].long(), first.tokens)
+    keys, values = decode_kv(files, torch.float32, "cpu")
+    assert torch.equal(keys, first.keys.cpu()) and torch.equal(values, first.values.cpu())
+    assert torch.equal(files["lengths"], first.lengths) and torch.equal(files["content_starts"], first.content_starts)
+    restarted = DocumentKVService(engine, DocumentStore(tmp_path), TieredKVPool("cpu", 1 << 30), encoding)
     again = restarted.get(doc_id, chunk_size=32)
-    assert restarted.pool.counters.loads == 1 and restarted.pool.counters.prefills == 0
-    for name, tensor in kv_to_tensors(first).items():  # the first question saw what a restart loads
-        assert torch.equal(kv_to_tensors(again)[name], tensor), name
+    assert restarted.pool.counters.loads == 1 and restarted.prefills == 0
+    for name in ("keys", "values", "tokens", "lengths", "content_starts"):  # the first question saw what a
+        assert torch.equal(getattr(again, name), getattr(first, name)), name  # restart loads
     chunks = store.chunks(record.id)
     assert len(chunks) == first.num_chunks == record.num_chunks
     assert "Odile Varga" in "".join(c.text for c in chunks)
@@ -138,7 +143,7 @@ def test_second_question_hits_the_pool_not_the_disk(engine, tmp_path):
     service.get(doc_id, 32)
     service.get(doc_id, 32)
     c = service.pool.counters
-    assert (c.prefills, c.loads, c.hits_hot) == (1, 0, 1)
+    assert service.prefills == 1 and (c.loads, c.hits_hot) == (1, 1)  # prefilled into files, read once
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
@@ -162,7 +167,7 @@ def test_damaged_kv_file_is_detected_and_recomputed(engine, tmp_path, damage):
     assert fresh_store.find_kv(service.key(doc_id, 32)) is None  # marked evicted, not answered from
     fresh = DocumentKVService(engine, fresh_store, TieredKVPool("cpu", 1 << 30))
     again = fresh.get(doc_id, 32)
-    assert fresh.pool.counters.prefills == 1
+    assert fresh.prefills == 1
     assert torch.equal(again.keys, original.keys)
 
 
@@ -250,7 +255,7 @@ def test_budget_evicts_least_recently_used_kv(engine, tmp_path):
     # On demand, the evicted document is prefilled again (the pool still holds it here, so drop it).
     service.pool.drop(service.key(a, 32))
     service.get(a, 32)
-    assert service.pool.counters.prefills == 3
+    assert service.prefills == 3
 
 
 def test_chunk_size_change_keeps_old_cache_until_new_is_complete(engine, tmp_path):
@@ -270,11 +275,37 @@ def test_stored_precision_rounds_only_wider_than_16_bits():
                      torch.tensor([0, 4, 8]))
     assert stored_kv_dtype(torch.float32) == torch.bfloat16
     assert stored_kv_dtype(torch.float16) == torch.float16 and stored_kv_dtype(torch.bfloat16) == torch.bfloat16
-    rounded = at_stored_precision(doc)
+    rounded = at_stored_precision(doc, "bf16")
     assert rounded.keys.dtype == torch.float32 and torch.equal(rounded.keys, keys.bfloat16().float())
     assert torch.equal(rounded.values, -keys.bfloat16().float()) and not torch.equal(rounded.keys, keys)
     half = DocumentKV(keys.half(), keys.half(), doc.lengths, doc.tokens, doc.content_starts)
-    assert at_stored_precision(half) is half
+    assert at_stored_precision(half, "bf16") is half
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fp8_keeps_every_block_to_e4m3_precision_whatever_its_magnitude(dtype):
+    """One scale per (layer, chunk, head): blocks 10^-3 and 10^3 apart keep the same relative
+    precision (e4m3: 3 mantissa bits, so at most 1/16 off for a value within 2^15 of its block's
+    largest), and the decoded KV keeps the engine's dtype."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 5, 2, 7, 9, generator=g)  # [L, N, Hkv, C, D], odd sizes
+    x[:, 1] *= 1e-3
+    x[:, 3] *= 1e3
+    x[0, 2, 1] = 0.0  # an all-zero block (a padded head) stays zero
+    x = x.to(dtype)
+    keys, values = round_trip(x, -x, "fp8")
+    assert keys.dtype == values.dtype == dtype and torch.equal(values, -keys)
+    assert torch.equal(keys[0, 2, 1], torch.zeros_like(keys[0, 2, 1]))
+    amax = x.float().abs().amax(dim=(3, 4), keepdim=True)
+    # Half a step: 1/16 of the value for e4m3's normal numbers (a little more once rounded to a
+    # 16-bit dtype), half of the smallest subnormal (2^-9 of the scale) below them.
+    bound = torch.maximum(x.float().abs() / 15, amax / 448 / 2 ** 10)
+    assert bool(((keys.float() - x.float()).abs() <= bound).all())
+    share = ((keys.float() - x.float()).abs() / x.float().abs().clamp_min(1e-30))[x.float() != 0]
+    assert float(share.median()) < 0.04  # typical error, about 2^-5
+    encoded = encode_kv(x, x, "fp8")
+    assert encoded["keys"].dtype == torch.float8_e4m3fn and encoded["keys_scale"].shape == (3, 5, 2)
+    assert encoded["keys"].element_size() == 1
 
 
 def test_a_cache_cut_another_way_is_prefilled_again_and_replaced(engine, tmp_path):
@@ -287,7 +318,7 @@ def test_a_cache_cut_another_way_is_prefilled_again_and_replaced(engine, tmp_pat
     assert store.find_kv(service.key(doc_id, 32)) is None
     fresh, _ = _service(engine, tmp_path)
     fresh.get(doc_id, 32)
-    assert fresh.pool.counters.prefills == 1, "the old cut is not answered from"
+    assert fresh.prefills == 1, "the old cut is not answered from"
     caches = store.caches_of(doc_id)
     assert [c.key.chunking for c in caches] == [CHUNKING], "one cache per key: the old one is replaced"
     assert not (tmp_path / before.folder).exists()
@@ -307,7 +338,7 @@ ASKER = textwrap.dedent("""
     kv = service.get(doc, 32)
     res = engine.answer(kv, "Who keeps the lighthouse?",
                         AnswerParams(top_k=2, sampling=SamplingParams(gen_length=8, block_length=8)))
-    print(json.dumps(service.pool.counters.snapshot()))
+    print(json.dumps(service.pool.counters.snapshot() | {"prefills": service.prefills}))
 """)
 
 

@@ -103,7 +103,7 @@ def test_damaged_kv_is_recomputed_not_answered_from(tmp_path, bundled_service_fa
     shard.write_bytes(blob[: len(blob) // 2] if damage == "truncated" else blob[:-4096] + b"\x7f" * 4096)
     service = bundled_service_factory(data)
     assert service.answer(NEEDLE_Q, [doc_id]).answer == "6150382"
-    assert service.pool.counters.prefills == 1  # recomputed, then stored again
+    assert service.kv.prefills == 1  # recomputed, then stored again
     assert service.documents()[0].cached
 
 
@@ -127,7 +127,7 @@ def test_changed_weights_or_tokenizer_are_another_model(tmp_path, bundled_servic
     assert weights_changed != fingerprint
     assert not after.documents()[0].cached  # the old model's KV is not this model's
     result = after.answer(NEEDLE_Q, [doc_id])
-    assert not result.cached and after.pool.counters.prefills == 1  # nor are its stored answers
+    assert not result.cached and after.kv.prefills == 1  # nor are its stored answers
     del after
     tokenizer_config = model / "tokenizer_config.json"
     tokenizer_config.write_text(tokenizer_config.read_text().replace("{", '{"x": 1, ', 1))

@@ -23,17 +23,19 @@ from pathlib import Path
 
 import torch
 
+from app.prefilter import candidate_chunks
 from engine import KNOWN_CONFIGS, AnswerParams, SamplingParams, ScoringParams
 from engine.answer import stream_answer
 from engine.attention import select_backend
 from engine.compiled_layers import layer_functions_for
 from engine.config import ModelConfig
 from engine.decode import DecodeStep
-from engine.kv_cache import DocumentKV
+from engine.kv_cache import DocumentKV, take_chunks
 from engine.paged_decode import PagedDecodeCache
 from engine.prefill import PREFILL_TOKEN_BUDGET, chunks_per_batch, prefill_document
 from engine.prompting import QuestionPrompt
 from engine.weights import random_model
+from storage.chunk_index import index_texts, search
 
 TINY = replace(KNOWN_CONFIGS["llada-8b"], vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
                num_heads=4, num_kv_heads=2, head_dim=16, mask_token_id=3, bos_token_id=0, eos_token_id=1,
@@ -63,6 +65,7 @@ class BenchRow:
     extrapolated: bool
     static_layout: str  # "paged" (split-KV + CUDA graph) or "contiguous"; "-" for other modes
     prefill_tflops: float  # matmul TFLOP/s of the one-time chunked prefill (static / joint)
+    prefilter: int = 0  # BM25 candidates the scorer saw (0: every chunk); phases then include "bm25"
 
 
 def _sync(device: torch.device) -> None:
@@ -119,6 +122,34 @@ def _warm_up(model, attention, cfg: ModelConfig, modes: list[str], chunk_size: i
         _answer(model, attention, doc, _question(cfg, gen), params, 2 if mode == "dense" else None, cache)
 
 
+def _synthetic_index(num_chunks: int, gen: torch.Generator, words_per_chunk: int = 350, vocabulary: int = 20000):
+    """An FTS5 index over `num_chunks` chunk texts of Zipf-distributed pseudo-words (word frequencies
+    like a language's: a few in every chunk, most rare), and a question of such words: what the
+    prefilter's BM25 search costs at this many chunks (the random-token KV has no text)."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    codes = torch.randint(0, 26, (vocabulary, 7), generator=gen).tolist()
+    words = ["".join(letters[c] for c in code[: 2 + i % 6]) + str(i % 10) for i, code in enumerate(codes)]
+    zipf = 1.0 / torch.arange(1, vocabulary + 1, dtype=torch.float64)
+    drawn = torch.multinomial(zipf, num_chunks * words_per_chunk, replacement=True, generator=gen)
+    drawn = drawn.view(num_chunks, words_per_chunk).tolist()
+    conn = index_texts([" ".join(words[w] for w in row) for row in drawn])
+    question = " ".join(words[w] for w in torch.multinomial(zipf, 10, generator=gen).tolist())
+    return conn, question
+
+
+def _prefiltered(doc: DocumentKV, conn, question: str, m: int) -> tuple[DocumentKV, float]:
+    """The document cut to the prefilter's M candidates (BM25 over the synthetic index, filled as
+    the app fills them), and the seconds the search and the cut took."""
+    device = doc.keys.device
+    _sync(device)
+    start = time.perf_counter()
+    hits = search(conn, question, [0], m)
+    chosen = candidate_chunks([(0, h.ordinal) for h in hits], [doc.num_chunks], m)[0]
+    given = take_chunks(doc, chosen)
+    _sync(device)
+    return given, time.perf_counter() - start
+
+
 def _matmul_flops_per_token(cfg: ModelConfig) -> float:
     """2 x the parameters a token passes through in the layers (attention scores excluded)."""
     attn = cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
@@ -127,7 +158,11 @@ def _matmul_flops_per_token(cfg: ModelConfig) -> float:
 
 def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], device: str | None,
         chunk_size: int, top_k: int, dense_budget_s: float, progress=print,
-        compile_layers: bool = True, scoring: ScoringParams = BENCH_SCORING) -> list[BenchRow]:
+        compile_layers: bool = True, scoring: ScoringParams = BENCH_SCORING,
+        prefilters: tuple[int, ...] = (0,)) -> list[BenchRow]:
+    """`prefilters`: BM25 candidate counts M the selecting modes (static, joint) run with; 0 scores
+    every chunk. With M > 0 both questions score only M chunks (phase "bm25": the search over a
+    synthetic FTS5 index of as many chunks, and the cut)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     cfg = SHAPES[shape]
@@ -150,12 +185,14 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
         prefill_s = time.perf_counter() - t
         prefill_tflops = _matmul_flops_per_token(cfg) * doc.num_chunks * chunk_size / prefill_s / 1e12
         progress(f"{shape} prefill ctx {context}: {prefill_s:.3f} s, {prefill_tflops:.0f} TFLOP/s in the matmuls")
+        index = _synthetic_index(doc.num_chunks, gen) if any(prefilters) else None
         dense_step_s = None
         # The method's modes first; the baselines then run without the document's KV resident
         # (they need only its tokens), as a deployment of them would: at 128K tokens LLaDA-8B's
         # KV alone is 64 GiB, and fastdllm's own full-length KV would not fit beside it.
         ordered = [m for m in modes if m in ("static", "joint")] + [m for m in modes if m not in ("static", "joint")]
-        for mode in ordered:
+        runs = [(mode, m) for mode in ordered for m in (prefilters if mode in ("static", "joint") else (0,))]
+        for mode, m in runs:
             if mode not in ("static", "joint") and doc.keys.shape[-1]:
                 doc = _without_kv(doc)
                 if dev.type == "cuda":
@@ -167,6 +204,7 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
                     torch.cuda.reset_peak_memory_stats(dev)
                 params = AnswerParams(top_k=top_k, kv_mode=mode, scoring=scoring, sampling=sampling,
                                       compile_layers=compile_layers)
+                label = f"{mode}+bm25@{m}" if m else mode
                 max_steps = None
                 if mode == "dense":  # time two steps once per context, then decide whether to extrapolate
                     if dense_step_s is None:
@@ -178,29 +216,33 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
                 elif mode == "fastdllm" and answer > 32 and context * answer > 32768 * 64:
                     max_steps = 32  # one whole block (its full forward and its steps), then x blocks
                 try:
-                    total, step_s, steps, phases, extrapolated, layout = _answer(model, attention, doc, prompt,
+                    given, bm25_s = _prefiltered(doc, *index, m) if m else (doc, 0.0)
+                    total, step_s, steps, phases, extrapolated, layout = _answer(model, attention, given, prompt,
                                                                                  params, max_steps, cache)
-                    first, first_phases = total, phases
+                    first, first_phases = total + bm25_s, phases | ({"bm25": bm25_s} if m else {})
                     if mode in ("static", "joint"):  # the steady state: a second, different question
-                        total, step_s, steps, phases, extrapolated, layout = _answer(model, attention, doc, second,
+                        given, bm25_s = _prefiltered(doc, *index, m) if m else (doc, 0.0)
+                        total, step_s, steps, phases, extrapolated, layout = _answer(model, attention, given, second,
                                                                                      params, max_steps, cache)
+                        total, phases = total + bm25_s, phases | ({"bm25": bm25_s} if m else {})
+                    del given
                 except torch.OutOfMemoryError:  # a mode that does not fit is reported, the others still run
-                    progress(f"{shape} {mode:>8} ctx {context:>7} ans {answer:>4}: out of memory (no row)")
+                    progress(f"{shape} {label:>8} ctx {context:>7} ans {answer:>4}: out of memory (no row)")
                     cache = PagedDecodeCache()  # frees what the failed question left in the old one
                     if dev.type == "cuda":
                         torch.cuda.empty_cache()
                     continue
                 peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else 0.0
                 own_prefill = prefill_s if mode in ("static", "joint") else 0.0
-                row = BenchRow(shape, mode, context, answer, own_prefill, own_prefill + first, total, 1000 * step_s,
+                row = BenchRow(shape, label, context, answer, own_prefill, own_prefill + first, total, 1000 * step_s,
                                steps, phases, first_phases, peak, extrapolated, layout,
-                               prefill_tflops if own_prefill else 0.0)
+                               prefill_tflops if own_prefill else 0.0, m)
                 rows.append(row)
-                progress(f"{shape} {mode:>8} ctx {context:>7} ans {answer:>4}: first {row.first_question_s:8.3f} s, "
+                progress(f"{shape} {label:>8} ctx {context:>7} ans {answer:>4}: first {row.first_question_s:8.3f} s, "
                          f"cached {row.cached_question_s:8.3f} s, step {row.decode_step_ms:8.2f} ms"
                          + (" (extrapolated)" if extrapolated else "") + (f" [{layout}]" if layout != "-" else ""))
         del doc
-    return sorted(rows, key=lambda r: (r.context, r.answer, modes.index(r.mode)))
+    return sorted(rows, key=lambda r: (r.context, r.answer, modes.index(r.mode.split("+")[0]), r.prefilter))
 
 
 def _without_kv(doc: DocumentKV) -> DocumentKV:
@@ -230,14 +272,15 @@ def table(rows: list[BenchRow]) -> str:
     return "\n".join(out) + "\n\n" + phase_table(rows)
 
 
-PHASES = ("draft", "scoring", "selection", "kv_build", "decode")
+PHASES = ("bm25", "draft", "scoring", "selection", "kv_build", "decode")
 
 
 def phase_table(rows: list[BenchRow]) -> str:
     """Markdown: each phase of the cached question in ms (the first question's in brackets where it
     differs by more than 1 ms), the prefill's matmul rate and the peak memory."""
-    out = ["| shape | context | answer | mode | " + " | ".join(f"{p} ms" for p in PHASES)
-           + " | prefill TFLOP/s | peak GiB |", "|---" * (len(PHASES) + 6) + "|"]
+    phases = PHASES if any(r.prefilter for r in rows) else tuple(p for p in PHASES if p != "bm25")
+    out = ["| shape | context | answer | mode | " + " | ".join(f"{p} ms" for p in phases)
+           + " | prefill TFLOP/s | peak GiB |", "|---" * (len(phases) + 6) + "|"]
 
     def cell(r: BenchRow, phase: str) -> str:
         if phase not in r.phases:
@@ -248,7 +291,7 @@ def phase_table(rows: list[BenchRow]) -> str:
     for r in rows:
         mode = r.mode + (" (extrapolated)" if r.extrapolated else "")
         tflops = f"{r.prefill_tflops:.0f}" if r.prefill_tflops else "-"
-        out.append(f"| {r.shape} | {r.context} | {r.answer} | {mode} | " + " | ".join(cell(r, p) for p in PHASES)
+        out.append(f"| {r.shape} | {r.context} | {r.answer} | {mode} | " + " | ".join(cell(r, p) for p in phases)
                    + f" | {tflops} | {r.peak_gib:.1f} |")
     return "\n".join(out) + "\n"
 

@@ -32,3 +32,14 @@ def test_bench_runs_every_mode_with_the_same_rule(tmp_path):
     assert all(cell.strip() != "-" for cell in static.split("|")[5:10])
     assert all(r.first_phases for r in rows)
     assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
+def test_bench_with_the_prefilter_scores_m_chunks_and_times_the_search(tmp_path):
+    rows = bench.run("tiny", [640], [32], ["static"], "cpu", chunk_size=32, top_k=2, dense_budget_s=0.0,
+                     progress=lambda line: None, prefilters=(0, 4))
+    assert [r.mode for r in rows] == ["static", "static+bm25@4"]
+    plain, cut = rows
+    assert cut.prefilter == 4 and "bm25" in cut.phases and "bm25" not in plain.phases
+    assert cut.phases["bm25"] > 0 and cut.steps == plain.steps == 32
+    md = bench.table(rows)
+    assert "| static+bm25@4" in md and "bm25 ms" in md

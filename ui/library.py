@@ -121,10 +121,11 @@ def build(service: DocQA):
         running = service.jobs(active_only=True)
         return "\n".join(f"- {j['name']}: {j['stage']} ({100 * j['fraction']:.0f}%)" for j in running)
 
+    # One progress bar an ingest, on the status panel: by default Gradio draws it over every output.
     add.click(ingest, [files, password], [status, files, table, victim, selected], api_name="ingest",
-              concurrency_id="model")
+              concurrency_id="model", show_progress="full", show_progress_on=[status])
     delete.click(remove, [victim], [table, victim, selected], api_name="delete_document")
-    gr.Timer(1.0).tick(active_jobs, None, jobs, api_visibility="private")
+    gr.Timer(1.0).tick(active_jobs, None, jobs, api_visibility="private", show_progress="hidden")
 
     def list_documents() -> list[dict]:
         """Every stored document: id, name, pages, chunks, cached, status."""

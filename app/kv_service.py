@@ -22,7 +22,7 @@ from app.sentences import sentence_starts
 from engine import DocumentKV, Engine
 from engine.chunking import ChunkedTokens, token_breaks
 from engine.kv_cache import take_chunks
-from engine.prefill import PREFILL_TOKEN_BUDGET, ProgressFn
+from engine.prefill import ProgressFn
 from storage import ChunkRecord, DocumentStore, KVFileError, KVKey, PageSpan, StorageError, TieredKVPool
 from storage.kv_codec import (
     DEFAULT_KV_ENCODING,
@@ -127,10 +127,12 @@ def prefill_text(engine: Engine, text: str, chunk_size: int, progress: ProgressF
 
 class DocumentKVService:
     def __init__(self, engine: Engine, store: DocumentStore, pool: TieredKVPool,
-                 encoding: str = DEFAULT_KV_ENCODING, prefill_tokens: int = PREFILL_TOKEN_BUDGET) -> None:
+                 encoding: str = DEFAULT_KV_ENCODING, prefill_tokens: int | None = None) -> None:
         self.engine, self.store, self.pool = engine, store, pool
         self.encoding = check_encoding(encoding)
-        self.prefill_tokens = prefill_tokens  # tokens a prefill forward holds: with a shard, a prefill's memory
+        # Tokens a prefill forward holds (None: the engine's default for its device); with the
+        # store's shard size, what bounds an ingest's memory.
+        self.prefill_tokens = prefill_tokens
         # Every byte of the checkpoint (engine.weights.model_fingerprint), the files' format and
         # their encoding: KV kept another way is another cache.
         self.fingerprint = hashlib.sha256(f"{engine.fingerprint}:{KV_FORMAT}:{encoding}".encode()).hexdigest()

@@ -23,6 +23,7 @@ from engine.prefill import (
     PREFILL_TOKEN_BUDGET,
     PrefillBatch,
     ProgressFn,
+    default_token_budget,
     document_chunks,
     prefill_batches,
     prefill_document,
@@ -163,10 +164,12 @@ class Engine:
         return document_chunks(self.config, token_ids, chunk_size, breaks)
 
     def prefill_stream(self, chunks: ChunkedTokens, progress: ProgressFn | None = None,
-                       token_budget: int = PREFILL_TOKEN_BUDGET) -> Iterator[PrefillBatch]:
+                       token_budget: int | None = None) -> Iterator[PrefillBatch]:
         """The chunks' KV a batch at a time (see engine.prefill.prefill_batches): what a caller
-        that writes each batch away uses, so the document's KV is never in memory whole."""
-        return prefill_batches(self.model, self.attention, chunks, token_budget,
+        that writes each batch away uses, so the document's KV is never in memory whole.
+        `token_budget`: tokens a forward holds (default: engine.prefill.default_token_budget)."""
+        budget = token_budget if token_budget is not None else default_token_budget(self.device)
+        return prefill_batches(self.model, self.attention, chunks, budget,
                                layer_functions_for(self.device, self.compile_layers, dynamic=True), progress)
 
     def prefill_text(self, text: str, chunk_size: int, progress: ProgressFn | None = None) -> DocumentKV:

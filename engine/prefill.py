@@ -15,6 +15,13 @@ from engine.model import DiffusionLM, LayerFunctions
 
 ProgressFn = Callable[[int, int], None]  # (chunks done, chunks total)
 PREFILL_TOKEN_BUDGET = 16384  # tokens one prefill forward holds, by default
+# On a CPU a forward of 4K tokens already keeps the cores busy, and the batch's activations and KV
+# (freed after it, but kept by the allocator) are a quarter of 16K's: the process's peak is lower.
+CPU_PREFILL_TOKEN_BUDGET = 4096
+
+
+def default_token_budget(device: torch.device) -> int:
+    return PREFILL_TOKEN_BUDGET if device.type == "cuda" else CPU_PREFILL_TOKEN_BUDGET
 
 
 def chunks_per_batch(chunk_size: int, token_budget: int) -> int:

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
+import json
 import os
 import shutil
+import struct
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -19,7 +22,6 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save
 
 from storage.errors import NO_SPACE, READ_ONLY, KVFileError, ReadOnlyError, StorageError, StorageFullError
 
@@ -113,21 +115,16 @@ class KVShardWriter:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def _flush(self) -> None:
-        names = self._pending[0].keys() if self._pending else ()
-        part = {name: torch.cat([p[name] for p in self._pending], dim=self.chunk_axis[name]).contiguous()
-                for name in names}
         start = sum(s.chunk_end - s.chunk_start for s in self.shards)
         end = start + self._pending_chunks
-        self._pending, self._pending_chunks = [], 0
-        blob = save(part, metadata=self.metadata | {"chunk_start": str(start), "chunk_end": str(end)})
-        del part
+        parts, self._pending, self._pending_chunks = self._pending, [], 0
         name = f"kv-{len(self.shards):05d}.safetensors"
         with self._errors(), open(self.tmp / name, "wb") as f:
-            f.write(blob)
+            size, digest = write_safetensors(f, parts, self.chunk_axis,
+                                             self.metadata | {"chunk_start": str(start), "chunk_end": str(end)})
             f.flush()
             os.fsync(f.fileno())
-        self.shards.append(ShardInfo(len(self.shards), f"{self.rel_folder}/{name}", len(blob),
-                                     hashlib.sha256(blob).hexdigest(), start, end))
+        self.shards.append(ShardInfo(len(self.shards), f"{self.rel_folder}/{name}", size, digest, start, end))
 
     @contextlib.contextmanager
     def _errors(self):
@@ -142,6 +139,48 @@ class KVShardWriter:
                 raise ReadOnlyError(f"the data folder {self.root} is read-only: "
                                     "the KV cache cannot be stored") from None
             raise StorageError(f"cannot write the KV cache to {self.folder}: {exc}") from exc
+
+
+SAFETENSORS_DTYPES = {torch.float8_e4m3fn: "F8_E4M3", torch.bfloat16: "BF16", torch.float16: "F16",
+                      torch.float32: "F32", torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8"}
+
+
+def write_safetensors(f, parts: list[dict[str, torch.Tensor]], chunk_axis: dict[str, int],
+                      metadata: dict[str, str]) -> tuple[int, str]:
+    """Writes the tensors of `parts` joined along their chunk axes to the open file `f` in the
+    safetensors format, without joining them in memory: each tensor's bytes are streamed from its
+    parts (for a chunk axis of 1, layer by layer), so a shard costs no copy of itself, neither the
+    joined tensors nor a serialised blob. Returns the bytes written and their sha256.
+
+    The format: an 8-byte little-endian header size, a JSON header (name -> dtype, shape, byte
+    offsets; "__metadata__" -> strings) padded with spaces to 8 bytes, then the tensors' bytes."""
+    names = sorted(parts[0]) if parts else []
+    header: dict[str, object] = {"__metadata__": dict(metadata)}
+    offset = 0
+    for name in names:
+        pieces = [p[name] for p in parts]
+        axis = chunk_axis[name]
+        shape = list(pieces[0].shape)
+        shape[axis] = sum(t.shape[axis] for t in pieces)
+        nbytes = pieces[0].element_size() * int(torch.Size(shape).numel())
+        header[name] = {"dtype": SAFETENSORS_DTYPES[pieces[0].dtype], "shape": shape,
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    digest = hashlib.sha256()
+    for chunk in (struct.pack("<Q", len(raw)), raw):
+        f.write(chunk)
+        digest.update(chunk)
+    for name in names:
+        pieces = [p[name] for p in parts]
+        axis = chunk_axis[name]
+        for lead in itertools.product(*(range(n) for n in pieces[0].shape[:axis])):
+            for t in pieces:  # [*lead] of each part is one contiguous run of the joined tensor
+                data = t[lead].contiguous().reshape(-1).view(torch.uint8).numpy()
+                f.write(data)
+                digest.update(data)
+    return 8 + len(raw) + offset, digest.hexdigest()
 
 
 def write_kv_shards(root: Path, rel_folder: str, tensors: dict[str, torch.Tensor], chunk_axis: dict[str, int],

@@ -58,8 +58,8 @@ BACKUP_FILE = "docqa.sqlite.bak"
 WRITERS_LOCK = ".writers.lock"
 UPLOAD_SUFFIXES = (".pdf", ".txt", ".md", ".markdown")
 # Per KV file: a prefill streams its batches into shards of this size, so it is also the most KV
-# memory a write holds (twice: the tensors and their serialised bytes).
-DEFAULT_MAX_SHARD_BYTES = 256 << 20
+# memory a write holds (the shard's parts wait in memory until it is full, then stream to the file).
+DEFAULT_MAX_SHARD_BYTES = 128 << 20
 
 
 def _now() -> str:
@@ -253,6 +253,26 @@ class DocumentStore:
             self._local.db = db
         return db
 
+    @contextlib.contextmanager
+    def transaction(self):
+        """A write transaction, begun IMMEDIATE: it takes the write lock first (waiting up to the
+        busy timeout for another writer), so its statements never read a snapshot that another
+        connection's commit makes stale; a deferred one would fail at once with "database is
+        locked" on its first write after such a commit (WAL's SQLITE_BUSY_SNAPSHOT). Nested: a
+        savepoint."""
+        conn = self.db.conn
+        if conn.in_transaction:
+            with self.db.atomic():
+                yield
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.commit()
+
     def backup(self) -> None:
         """Copies the database to BACKUP_FILE (SQLite's online backup: a consistent snapshot while
         others write). Taken after every change to the library; a failure only logs."""
@@ -306,7 +326,7 @@ class DocumentStore:
             try:
                 for tmp, _, data in staged:
                     _write_fsynced(tmp, data)
-                with self.db.atomic():
+                with self.transaction():
                     self.db.execute("DELETE FROM documents WHERE id = ?", [doc_id])  # a failed earlier attempt
                     self.db["documents"].insert(row)
                     self.db["pages"].insert_all(
@@ -326,8 +346,9 @@ class DocumentStore:
     def set_status(self, doc_id: str, status: str, error: str | None = None) -> None:
         """'ready' once its KV is stored; 'failed' (with the reason) when that could not be done."""
         self.require_writable()
-        self.db.execute("UPDATE documents SET status = ?, error = ?, updated_at = ? WHERE id = ?",
-                        [status, error, _now(), doc_id])
+        with self.transaction():
+            self.db.execute("UPDATE documents SET status = ?, error = ?, updated_at = ? WHERE id = ?",
+                            [status, error, _now(), doc_id])
         self.backup()
 
     def get_document(self, doc_id: str) -> DocumentRecord | None:
@@ -368,17 +389,18 @@ class DocumentStore:
         transaction, then every file of the document, then the mark; the log is emptied and the
         backup retaken, so no copy of its text stays in the data folder."""
         with self.writing():
-            with self.db.atomic():
+            with self.transaction():
                 found = self.db.execute("DELETE FROM documents WHERE id = ?", [doc_id]).rowcount > 0
                 if found:
                     self.db.execute("INSERT OR REPLACE INTO deleted_documents VALUES (?, ?)", [doc_id, _now()])
             self._remove_files_of(doc_id)
-            self.db.execute("DELETE FROM deleted_documents WHERE id = ?", [doc_id])
-            if found:
-                # FTS5 records a deletion as a marker beside the old postings; merging the index's
-                # segments drops both, so the document's words leave the file (secure delete then
-                # overwrites the freed pages).
-                self.db.execute("INSERT INTO chunk_index (chunk_index) VALUES ('optimize')")
+            with self.transaction():
+                self.db.execute("DELETE FROM deleted_documents WHERE id = ?", [doc_id])
+                if found:
+                    # FTS5 records a deletion as a marker beside the old postings; merging the
+                    # index's segments drops both, so the document's words leave the file (secure
+                    # delete then overwrites the freed pages).
+                    self.db.execute("INSERT INTO chunk_index (chunk_index) VALUES ('optimize')")
         self._compact_log()
         self.backup()
         return found
@@ -459,7 +481,7 @@ class DocumentStore:
         where = "document_id = ? AND model_fingerprint = ? AND chunk_size = ? AND dtype = ?"
         args = [key.document_id, key.model_fingerprint, key.chunk_size, key.dtype]
         try:
-            with self.db.atomic():
+            with self.transaction():
                 old = [r["folder"] for r in self.db.query(f"SELECT folder FROM kv_caches WHERE {where}", args)]
                 self.db.execute(f"DELETE FROM kv_caches WHERE {where}", args)
                 cache_id = self.db["kv_caches"].insert({
@@ -517,7 +539,8 @@ class DocumentStore:
 
     def touch_kv(self, cache_id: int) -> None:
         if not self.read_only:  # the eviction order is the only thing a read changes
-            self.db.execute("UPDATE kv_caches SET last_used_at = ? WHERE id = ?", [_now(), cache_id])
+            with self.transaction():
+                self.db.execute("UPDATE kv_caches SET last_used_at = ? WHERE id = ?", [_now(), cache_id])
 
     def chunks(self, cache_id: int) -> list[ChunkRecord]:
         return [ChunkRecord(r["ordinal"], r["token_start"], r["token_end"], r["char_start"], r["char_end"],
@@ -529,7 +552,7 @@ class DocumentStore:
         rows = list(self.db.query("SELECT folder FROM kv_caches WHERE id = ?", [cache_id]))
         if not rows or self.read_only:  # read-only: the damaged files stay; nothing is answered from them
             return
-        with self.db.atomic():
+        with self.transaction():
             self.db.execute("UPDATE kv_caches SET status = 'evicted', bytes = 0 WHERE id = ?", [cache_id])
             self.db.execute("DELETE FROM kv_files WHERE cache_id = ?", [cache_id])
         shutil.rmtree(self.root / rows[0]["folder"], ignore_errors=True)
@@ -569,7 +592,7 @@ class DocumentStore:
 
     def _recover_locked(self) -> dict[str, int]:
         stats = {"temporaries": remove_temporaries(self.root)}
-        with self.db.atomic():
+        with self.transaction():
             unfinished = [r["id"] for r in self.db.query("SELECT id FROM documents WHERE status = 'ingesting'")]
             self.db.execute("DELETE FROM documents WHERE status = 'ingesting'")
             self.db.execute("UPDATE jobs SET state = 'failed', error = 'interrupted' WHERE state = 'running'")
@@ -607,16 +630,19 @@ class DocumentStore:
     def start_job(self, name: str) -> int:
         self.require_writable()
         now = _now()
-        return self.db["jobs"].insert({"name": name, "stage": "queued", "fraction": 0.0, "state": "running",
-                                       "error": None, "started_at": now, "updated_at": now}).last_pk
+        with self.transaction():
+            return self.db["jobs"].insert({"name": name, "stage": "queued", "fraction": 0.0, "state": "running",
+                                           "error": None, "started_at": now, "updated_at": now}).last_pk
 
     def update_job(self, job_id: int, stage: str, fraction: float) -> None:
-        self.db.execute("UPDATE jobs SET stage = ?, fraction = ?, updated_at = ? WHERE id = ?",
-                        [stage, float(fraction), _now(), job_id])
+        with self.transaction():
+            self.db.execute("UPDATE jobs SET stage = ?, fraction = ?, updated_at = ? WHERE id = ?",
+                            [stage, float(fraction), _now(), job_id])
 
     def finish_job(self, job_id: int, error: str | None = None) -> None:
-        self.db.execute("UPDATE jobs SET state = ?, error = ?, fraction = 1.0, updated_at = ? WHERE id = ?",
-                        ["failed" if error else "done", error, _now(), job_id])
+        with self.transaction():
+            self.db.execute("UPDATE jobs SET state = ?, error = ?, fraction = 1.0, updated_at = ? WHERE id = ?",
+                            ["failed" if error else "done", error, _now(), job_id])
 
     def jobs(self, active_only: bool = False) -> list[dict]:
         where = "WHERE state = 'running'" if active_only else ""
@@ -629,7 +655,7 @@ class DocumentStore:
         name = name.strip()
         if not name:
             raise ValueError("a collection needs a name")
-        with self.db.atomic():
+        with self.transaction():
             self.db.execute("INSERT OR IGNORE INTO collections (name, created_at) VALUES (?, ?)", [name, _now()])
             cid = next(self.db.query("SELECT id FROM collections WHERE name = ?", [name]))["id"]
             self.db.execute("DELETE FROM collection_documents WHERE collection_id = ?", [cid])
@@ -648,7 +674,7 @@ class DocumentStore:
         return out
 
     def delete_collection(self, name: str) -> bool:
-        with self.db.atomic():
+        with self.transaction():
             return self.db.execute("DELETE FROM collections WHERE name = ?", [name]).rowcount > 0
 
     # ---- conversations -----------------------------------------------------------------------
@@ -656,7 +682,8 @@ class DocumentStore:
     def create_conversation(self, title: str) -> str:
         conv_id = uuid.uuid4().hex
         now = _now()
-        self.db["conversations"].insert({"id": conv_id, "title": title, "created_at": now, "updated_at": now})
+        with self.transaction():
+            self.db["conversations"].insert({"id": conv_id, "title": title, "created_at": now, "updated_at": now})
         return conv_id
 
     def list_conversations(self) -> list[dict]:
@@ -665,7 +692,7 @@ class DocumentStore:
     def add_message(self, conversation_id: str, question: str, answer: str, documents: list[str], params: dict,
                     selected_chunks: list[dict], timings: dict) -> int:
         now = _now()
-        with self.db.atomic():
+        with self.transaction():
             msg_id = self.db["messages"].insert({
                 "conversation_id": conversation_id, "question": question, "answer": answer,
                 "documents": json.dumps(documents), "params": json.dumps(params),
@@ -683,5 +710,5 @@ class DocumentStore:
         return out
 
     def delete_conversation(self, conversation_id: str) -> bool:
-        with self.db.atomic():
+        with self.transaction():
             return self.db.execute("DELETE FROM conversations WHERE id = ?", [conversation_id]).rowcount > 0

@@ -30,6 +30,8 @@ class ModelDefaults:
     position_mode: str = "continuous"
     # Chunks the predictive scorer sees, the top ones by BM25 (app.prefilter); 0: every chunk.
     prefilter_chunks: int = 64
+    # The same on a CPU, where each candidate costs a CPU's time (None: prefilter_chunks).
+    prefilter_chunks_cpu: int | None = None
     # Nats the best BM25 match adds to its chunk's score before selection (others in proportion,
     # app.prefilter.bm25_priors); 0: the predictive scorer alone decides.
     bm25_weight: float = 0.0
@@ -42,6 +44,13 @@ def model_defaults(folder: Path | None) -> ModelDefaults:
     data = json.loads((Path(folder) / "docqa.json").read_text())
     known = {f.name for f in fields(ModelDefaults)}
     return ModelDefaults(**{k: v for k, v in data.items() if k in known})
+
+
+def prefilter_for(defaults: ModelDefaults, device_type: str) -> int:
+    """The model's M for a device: its CPU value on a CPU when it has one."""
+    if device_type == "cpu" and defaults.prefilter_chunks_cpu is not None:
+        return defaults.prefilter_chunks_cpu
+    return defaults.prefilter_chunks
 
 
 def answer_params(defaults: ModelDefaults, **overrides) -> AnswerParams:

@@ -31,7 +31,6 @@ from storage.kv_codec import (
     decode_kv,
     encode_kv,
     round_trip,
-    sixteen_bit,
 )
 from storage.kv_files import KV_FORMAT
 
@@ -44,11 +43,6 @@ OPTIONAL_TENSORS = SCALE_NAMES  # only fp8 files have them (storage.kv_codec)
 # caches written before the eighth session) are not reused, but prefilled again. Rename it when the
 # cut changes.
 CHUNKING = "sentence-starts-v1"
-
-
-def stored_kv_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype `bf16` KV files hold keys and values in (storage.kv_codec.sixteen_bit)."""
-    return sixteen_bit(dtype)
 
 
 def at_stored_precision(doc: DocumentKV, encoding: str = DEFAULT_KV_ENCODING) -> DocumentKV:

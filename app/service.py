@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from app.defaults import BUNDLED_MODEL, ModelDefaults, answer_params, model_defaults
+from app.defaults import BUNDLED_MODEL, ModelDefaults, answer_params, model_defaults, prefilter_for
 from app.ingest import IngestError, extract
 from app.kv_service import DocumentKVService
 from app.prefilter import PREFILTER_ALL
@@ -336,15 +336,16 @@ class DocQA:
         free again then. Closing the generator also frees it (at the next decode step).
 
         `prefilter_chunks`: how many chunks, the best by BM25, the scorer sees (None: the model's
-        default; 0: all). Absolute positions place every chunk at its ordinal, so they score all."""
+        default for the engine's device, `app.defaults.prefilter_for`; 0: all). Absolute positions
+        place every chunk at its ordinal, so they score all."""
         question = self.check_question(question)
         if not document_ids:
             raise ValueError("choose at least one document")
         records = [self._askable(doc_id) for doc_id in dict.fromkeys(document_ids)]
         params = params or self.params()
         size = chunk_size or self.defaults.chunk_size
-        m = next(v for v in (prefilter_chunks, self.config.prefilter_chunks, self.defaults.prefilter_chunks)
-                 if v is not None)
+        m = next(v for v in (prefilter_chunks, self.config.prefilter_chunks,
+                             prefilter_for(self.defaults, self.engine.device.type)) if v is not None)
         if m < 0:
             raise ValueError(f"prefilter_chunks must be 0 (all chunks) or more, got {m}")
         if params.position_mode == "absolute":

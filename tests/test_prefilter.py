@@ -183,3 +183,11 @@ def test_a_heavy_bm25_weight_selects_the_best_match_whatever_the_scorer_says(ser
     assert [c.chunk for c in fused.citations] == holding  # the only chunk with "pear" and "ledger"
     assert max(s["score"] for s in fused.scores) > 900  # the prior is in the trace's scores
     assert [c.chunk for c in plain.citations] == [best["chunk"]]
+
+
+def test_the_cpu_gets_the_models_cpu_prefilter_when_it_has_one():
+    from app.defaults import ModelDefaults, prefilter_for
+
+    both = ModelDefaults(prefilter_chunks=64, prefilter_chunks_cpu=32)
+    assert prefilter_for(both, "cuda") == 64 and prefilter_for(both, "cpu") == 32
+    assert prefilter_for(ModelDefaults(prefilter_chunks=48), "cpu") == 48

@@ -21,7 +21,6 @@ from app.kv_service import (
     OPTIONAL_TENSORS,
     DocumentKVService,
     at_stored_precision,
-    stored_kv_dtype,
 )
 from engine import DocumentKV, Engine
 from engine.weights import model_fingerprint
@@ -36,7 +35,7 @@ from storage import (
     TieredKVPool,
 )
 from storage.db import connect, migrations
-from storage.kv_codec import KV_ENCODINGS, decode_kv, encode_kv, round_trip
+from storage.kv_codec import KV_ENCODINGS, decode_kv, encode_kv, round_trip, sixteen_bit
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = ("The harbour master logs every ship. " * 30 + "The lighthouse keeper is named Odile Varga. "
@@ -273,8 +272,8 @@ def test_stored_precision_rounds_only_wider_than_16_bits():
     keys = torch.randn(2, 3, 1, 5, 4, generator=g)
     doc = DocumentKV(keys, -keys, torch.tensor([5, 5, 3]), torch.zeros(3, 5, dtype=torch.long),
                      torch.tensor([0, 4, 8]))
-    assert stored_kv_dtype(torch.float32) == torch.bfloat16
-    assert stored_kv_dtype(torch.float16) == torch.float16 and stored_kv_dtype(torch.bfloat16) == torch.bfloat16
+    assert sixteen_bit(torch.float32) == torch.bfloat16
+    assert sixteen_bit(torch.float16) == torch.float16 and sixteen_bit(torch.bfloat16) == torch.bfloat16
     rounded = at_stored_precision(doc, "bf16")
     assert rounded.keys.dtype == torch.float32 and torch.equal(rounded.keys, keys.bfloat16().float())
     assert torch.equal(rounded.values, -keys.bfloat16().float()) and not torch.equal(rounded.keys, keys)

@@ -152,10 +152,9 @@ class DocQA:
     def ingest(self, data: bytes, name: str, password: str | None = None, chunk_size: int | None = None,
                progress: Callable[[str, float], None] | None = None) -> tuple[DocumentInfo, bool]:
         """Extracts, stores and prefills a file. Returns (info, added); an identical file already
-        stored is not added twice. Raises IngestError with a clear message: a file that cannot be
-        read stores nothing; one whose KV cannot be stored (a full disk) stays listed as failed,
-        and adding it again retries. Progress goes to `progress` and to the jobs table (visible
-        after a page refresh)."""
+        stored is not added twice. Raises IngestError with a clear message; a file that fails at
+        any stage (unreadable, a full disk, an interrupted prefill) leaves nothing in the library.
+        Progress goes to `progress` and to the jobs table (visible after a page refresh)."""
         name = Path(name).name or "document"
         try:
             job = self.store.start_job(name)
@@ -220,19 +219,28 @@ class DocQA:
                 self.kv.ensure_stored(doc_id, size, lambda done, total: say(
                     f"encoding chunk {done}/{total}", 0.5 + 0.5 * done / max(total, 1)))
         except StorageError as exc:
-            self.store.set_status(doc_id, "failed", str(exc))
+            if created:  # a new document that cannot be stored whole is not kept at all
+                self._discard(doc_id)
+                raise IngestError("storage", f"{name} was not added: its KV cache could not be stored ({exc}). "
+                                             "Nothing of it was kept; free space and add it again.") from None
+            self.store.set_status(doc_id, "failed", str(exc))  # a library's earlier failed entry stays one
             raise IngestError("storage", f"{name} was read but its KV cache could not be stored: {exc}. It is listed "
                                          "as failed; add it again to retry.") from None
         except BaseException:
             if created:  # nothing half-stored: a new document goes again whole
-                self.kv.forget(doc_id)
-                self.store.delete_document(doc_id)
+                self._discard(doc_id)
             raise
         if record.status != "ready":
             self.store.set_status(doc_id, "ready")
             record = self.store.get_document(doc_id)
         say("ready", 1.0)
         return self.document_info(record, size), added
+
+    def _discard(self, doc_id: str) -> None:
+        """Removes what an ingest that did not finish stored of a new document."""
+        self.kv.forget(doc_id)
+        self.store.delete_document(doc_id)
+        self.memo.delete("extracted", doc_id)
 
     def ingest_file(self, path: str | Path, **kw) -> tuple[DocumentInfo, bool]:
         path = Path(path)

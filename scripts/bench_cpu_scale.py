@@ -76,8 +76,9 @@ def main() -> None:
     if args.one is not None:
         print(json.dumps(one_size(args.one, args.device, args.prefilter_chunks)))
         return
-    print("| pages | chunks | KV on disk | ingest | pages/s | question | scoring | peak RSS | answer (pages) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| pages | chunks | KV on disk | ingest | pages/s | question | scoring | peak RSS ingest | peak RSS | "
+          "answer (pages) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for pages in args.pages:
         cmd = [sys.executable, __file__, "--one", str(pages), "--device", args.device]
         if args.prefilter_chunks is not None:
@@ -88,7 +89,8 @@ def main() -> None:
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"| {r['pages']} | {r['chunks']} | {r['kv_mb']} MB | {r['ingest_s']} s | {r['pages_per_s']} | "
-              f"{r['question_s']} s | {r['scoring_s']} s | {r['peak_rss_gb']} GB | {r['answer']!r} "
+              f"{r['question_s']} s | {r['scoring_s']} s | {r['ingest_peak_rss_gb']} GB | {r['peak_rss_gb']} GB | "
+              f"{r['answer']!r} "
               f"({', '.join(r['answer_pages'])}) |", flush=True)
 
 

@@ -76,28 +76,29 @@ def _file_size_limit(max_bytes: int):
     return limit
 
 
-def test_full_disk_marks_the_document_failed_and_spares_other_questions(library, tmp_path, bundled_service_factory):
+def test_full_disk_keeps_nothing_of_the_document_and_spares_other_questions(library, tmp_path,
+                                                                           bundled_service_factory):
     data, ids = library
     big, small = tmp_path / "big.txt", tmp_path / "small.txt"
-    big.write_bytes(text_doc("The harbour pilot on duty is named Ines Varga.", repeats=160))  # ~40 MB of KV
+    big.write_bytes(text_doc("The harbour pilot on duty is named Ines Varga.", repeats=400))  # ~25 MB of KV
     small.write_bytes(text_doc("One of the special magic numbers for quiet-lynx is: 7711234."))
     res = cli("ingest", str(big), str(small), "--data-dir", str(data), "--device", "cpu",
               preexec_fn=_file_size_limit(12 << 20))
     no_traceback(res)
     assert res.returncode == 1 and "big.txt" in res.stderr and "no space left" in res.stderr, res.stderr
+    assert "Nothing of it was kept" in res.stderr
     assert "added: small.txt" in res.stdout  # the files after the failed one are still added
     assert "1 of 2 files not added" in res.stderr
     listing = run("list", "--data-dir", str(data), "--device", "cpu").stdout
-    assert "big.txt" in listing and "FAILED" in listing and "add it again to retry" in listing
+    assert "big.txt" not in listing and "small.txt" in listing
     service = bundled_service_factory(data)
-    askable = {d.record.name for d in service.documents()}
-    assert askable == {"a.txt", "b.md", "small.txt"}  # "all documents" leaves the failed one out
+    assert {d.record.name for d in service.documents(include_failed=True)} == {"a.txt", "b.md", "small.txt"}
+    held = {p.name.split(".")[0] for p in (data / "documents").iterdir()} | {p.name for p in (data / "kv").iterdir()}
+    assert held == {d.record.id for d in service.documents()}  # no text, description or KV of big.txt
+    assert not list(data.rglob("*.tmp-*"))
     every = [d.record.id for d in service.documents()]
     assert service.answer(NEEDLE_Q, every).answer == "6150382"
-    failed = next(d for d in service.documents(include_failed=True) if d.record.name == "big.txt")
-    with pytest.raises(ValueError, match="could not be stored .* add it again to retry"):
-        service.answer("Who is the harbour pilot on duty?", [failed.record.id])
-    info, added = service.ingest(big.read_bytes(), "big.txt")  # room again: the retry stores it
+    info, added = service.ingest(big.read_bytes(), "big.txt")  # room again: adding it again stores it
     assert added and info.record.status == "ready" and info.cached
 
 

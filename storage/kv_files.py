@@ -49,12 +49,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def shard_ranges(num_chunks: int, bytes_per_chunk: int, max_shard_bytes: int) -> list[tuple[int, int]]:
-    """Chunk ranges [start, end) of at most `max_shard_bytes` each (at least one chunk each)."""
-    per_shard = max(1, max_shard_bytes // max(bytes_per_chunk, 1))
-    return [(s, min(num_chunks, s + per_shard)) for s in range(0, max(num_chunks, 1), per_shard)]
-
-
 class KVShardWriter:
     """Streams a cache's tensors, a range of consecutive chunks at a time, into shard files.
 
@@ -85,6 +79,10 @@ class KVShardWriter:
         if len(counts) != 1:
             raise ValueError(f"tensors disagree on their number of chunks: {sorted(counts)}")
         n = counts.pop()
+        if n == 0:  # an empty cache still has its (empty) tensors, so a reader finds every name
+            if not self._pending and not self.shards:
+                self._pending.append({name: t.cpu() for name, t in tensors.items()})
+            return
         if self._per_shard is None:
             per_chunk = sum(t.numel() * t.element_size() for t in tensors.values()) // max(n, 1)
             self._per_shard = max(1, self.max_shard_bytes // max(per_chunk, 1))

@@ -463,3 +463,36 @@ def test_result_cache_is_bounded_json(tmp_path):
         cache.set("text", str(i), "x" * 5000)
     assert cache.volume() < 400_000
     assert cache.get("answer", "missing") is None
+
+
+def test_streamed_safetensors_read_back_as_the_joined_tensors(tmp_path):
+    """write_safetensors joins parts along their chunk axes without joining them in memory: what
+    safetensors' own reader gives back equals torch.cat of the parts, for every dtype a KV file
+    holds, odd sizes, and an axis of 0 and 1."""
+    from safetensors.torch import load_file
+
+    from storage.kv_files import file_sha256, write_safetensors
+
+    g = torch.Generator().manual_seed(3)
+    axis = {"keys": 1, "scale": 1, "tokens": 0, "lengths": 0}
+
+    def part(n: int) -> dict[str, torch.Tensor]:
+        keys = torch.randn(3, n, 2, 5, 7, generator=g)
+        return {"keys": keys.to(torch.float8_e4m3fn), "scale": torch.rand(3, n, 2, generator=g),
+                "tokens": torch.randint(0, 999, (n, 5), generator=g).to(torch.int32),
+                "lengths": torch.randint(1, 6, (n,), generator=g)}
+
+    parts = [part(n) for n in (4, 1, 3)]
+    path = tmp_path / "x.safetensors"
+    with open(path, "wb") as f:
+        size, digest = write_safetensors(f, parts, axis, {"chunk_start": "0"})
+    assert size == path.stat().st_size and digest == file_sha256(path)
+    got = load_file(str(path))
+    for name, dim in axis.items():
+        want = torch.cat([p[name] for p in parts], dim=dim)
+        bits = [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in (got[name], want)]
+        assert got[name].dtype == want.dtype and torch.equal(*bits), name
+    writer_bf16 = [{k: (v.float().bfloat16() if k == "keys" else v) for k, v in p.items()} for p in parts]
+    with open(path, "wb") as f:
+        write_safetensors(f, writer_bf16, axis, {})
+    assert torch.equal(load_file(str(path))["keys"], torch.cat([p["keys"] for p in writer_bf16], dim=1))

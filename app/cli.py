@@ -134,6 +134,9 @@ def _build_parser() -> argparse.ArgumentParser:
         p.add_argument("--model", type=Path, default=None, help="local checkpoint folder (default: the bundled model)")
         p.add_argument("--data-dir", type=Path, default=Path("docqa-data"), help="where documents and caches live")
         p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if present)")
+        p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                       help="the model's dtype (default: bfloat16 on a GPU and on a CPU with native bf16, "
+                            "else float32)")
         p.add_argument("--kv-at-rest", choices=KV_ENCODINGS, default=DEFAULT_KV_ENCODING,
                        help="how KV files keep keys and values: fp8 (e4m3 with scales, half of bf16's bytes) or "
                             f"bf16 (default {DEFAULT_KV_ENCODING}); each is a cache of its own")
@@ -335,7 +338,8 @@ def _service(args: argparse.Namespace, **kw):
               "request_timeout_s": getattr(args, "request_timeout", None),
               "prefilter_chunks": getattr(args, "prefilter_chunks", None)}
     return DocQA(ServiceConfig(data_dir=args.data_dir, model_dir=args.model or BUNDLED_MODEL, device=args.device,
-                               kv_encoding=args.kv_at_rest, **kw, **{k: v for k, v in limits.items() if v is not None}))
+                               kv_encoding=args.kv_at_rest, dtype=args.dtype,
+                               **kw, **{k: v for k, v in limits.items() if v is not None}))
 
 
 MIN_ID_PREFIX = 6  # shorter id prefixes are too easily typed by mistake (and "" matched every id)

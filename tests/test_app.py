@@ -372,3 +372,22 @@ def test_300_page_pdf_ingests_with_progress(service, tmp_path):
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
     assert any("extracting page 300/300" in s for s in stages) and any(s.startswith("encoding chunk") for s in stages)
     print(f"300-page PDF: {info.tokens} tokens, {info.chunks} chunks, ingested in {seconds:.1f} s")
+
+
+def test_the_app_runs_bf16_on_a_cpu_that_multiplies_it_natively(tmp_path):
+    import torch
+
+    from app.service import app_dtype
+    from engine.weights import cpu_has_native_bf16
+
+    zen4, older = tmp_path / "zen4", tmp_path / "older"
+    zen4.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n")
+    older.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f\n")
+    assert cpu_has_native_bf16(zen4) and not cpu_has_native_bf16(older)
+    assert not cpu_has_native_bf16(tmp_path / "missing")
+    assert app_dtype(torch.device("cpu"), "float32") == torch.float32
+    assert app_dtype(torch.device("cuda"), None) == torch.bfloat16
+    expected = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    assert app_dtype(torch.device("cpu")) == expected
+    with pytest.raises(ValueError, match="unknown dtype"):
+        app_dtype(torch.device("cpu"), "int8")

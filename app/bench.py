@@ -185,7 +185,8 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
         prefill_s = time.perf_counter() - t
         prefill_tflops = _matmul_flops_per_token(cfg) * doc.num_chunks * chunk_size / prefill_s / 1e12
         progress(f"{shape} prefill ctx {context}: {prefill_s:.3f} s, {prefill_tflops:.0f} TFLOP/s in the matmuls")
-        index = _synthetic_index(doc.num_chunks, gen) if any(prefilters) else None
+        # Its own generator: the tokens and questions of later contexts stay those of a run without it.
+        index = _synthetic_index(doc.num_chunks, torch.Generator().manual_seed(context)) if any(prefilters) else None
         dense_step_s = None
         # The method's modes first; the baselines then run without the document's KV resident
         # (they need only its tokens), as a deployment of them would: at 128K tokens LLaDA-8B's

@@ -108,7 +108,7 @@ class AskResult:
     citations: list[Citation]
     warning: str | None
     conversation_id: str
-    scores: list[dict]  # every candidate chunk: document, chunk, pages, score, selected
+    scores: list[dict]  # every candidate chunk: document, chunk, pages, score (the scorer's), bm25, selected
     anchors: list[list[float]]  # [selected chunk][layer] attention on each selected chunk's BOS
     timings: dict[str, float]
     steps: int
@@ -229,7 +229,10 @@ class DocQA:
                 self.store.delete_document(doc_id)
                 raise IngestError("storage", f"{name} could not be stored: {exc}") from None
             if remember:  # once its row exists: a kill from here on is undone by recovery, memo included
-                self.memo.set("extracted", doc_id, entry)
+                try:
+                    self.memo.set("extracted", doc_id, entry)
+                except Exception as exc:  # noqa: BLE001 - a cache: the ingest goes on without it
+                    logger.warning("could not memoise the extraction of %s: %s", name, exc)
         else:
             record = existing
         size = chunk_size or self.defaults.chunk_size
@@ -481,10 +484,11 @@ class DocQA:
         pages = {i: self.store.pages(r.id) for i, r in enumerate(records)}
         selected = {(c.document, c.chunk) for c in tr.selected}
         scores = []
-        for ref, score in zip(tr.candidates, tr.scores, strict=True):
+        priors = tr.priors or [0.0] * len(tr.candidates)
+        for ref, score, prior in zip(tr.candidates, tr.scores, priors, strict=True):
             ordinal = candidates[ref.document][ref.chunk]
             meta = chunk_meta[ref.document][ordinal]
-            scores.append({"document": records[ref.document].name, "chunk": ordinal, "score": score,
+            scores.append({"document": records[ref.document].name, "chunk": ordinal, "score": score, "bm25": prior,
                            "pages": _page_label(pages[ref.document], meta.page_start, meta.page_end),
                            "selected": (ref.document, ref.chunk) in selected})
         citations = []

@@ -117,7 +117,7 @@ class ChunkRef:
 @dataclass
 class AnswerTrace:
     candidates: list[ChunkRef]
-    scores: list[float]  # per candidate, higher = more relevant (fused with its prior, if given)
+    scores: list[float]  # per candidate, the scorer's: higher = more relevant
     selected: list[ChunkRef]  # placement (document) order
     selected_scores: list[float]
     kept_tokens: list[list[int]]  # per selected chunk and token: how many (layer, head) pairs keep it
@@ -128,6 +128,9 @@ class AnswerTrace:
     steps: int = 0
     forward_passes: int = 0
     reselections: list[list[ChunkRef]] = field(default_factory=list)
+    # Per candidate, the prior relevance fused into selection (empty without chunk_priors):
+    # selection ranked scores + prior_weight x priors.
+    priors: list[float] = field(default_factory=list)
     static_layout: str = "contiguous"  # how static decoding read its context (see AnswerParams)
 
 
@@ -281,12 +284,15 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
         scores, anchors_scoring, token_scores = _score_all(model, attention, documents, rows, sp,
                                                            _dynamic_layers(model, params), paged_cache,
                                                            interrupt_check)
-        scores = fuse_scores(scores, priors, params.prior_weight)
     t = clock.lap("scoring", t)
-    chosen = _select(scores, token_scores, params) if candidates else torch.zeros(0, dtype=torch.long)
+    # Selection sees the fused scores; the trace keeps the scorer's own (what a weak-score warning
+    # reads: a prior of 1 on the best BM25 match would hide that no chunk explains the question).
+    fused = fuse_scores(scores, priors, params.prior_weight) if candidates else scores
+    chosen = _select(fused, token_scores, params) if candidates else torch.zeros(0, dtype=torch.long)
     refs = [candidates[i] for i in chosen.tolist()]
     generator = torch.Generator(device=device).manual_seed(params.sampling.seed)
     trace = AnswerTrace(candidates=candidates, scores=scores.tolist(), selected=refs,
+                        priors=priors.tolist() if priors is not None and candidates else [],
                         selected_scores=[float(scores[i]) for i in chosen.tolist()], kept_tokens=[],
                         anchors_scoring=anchors_scoring, anchors_decode=None,
                         draft_ids=draft.tokens[draft.committed].tolist() if draft is not None else [],

@@ -268,10 +268,14 @@ class DocumentStore:
         conn.execute("BEGIN IMMEDIATE")
         try:
             yield
-        except BaseException:
-            conn.rollback()
+            conn.commit()  # inside: a COMMIT that fails (a full disk) must not leave it open
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.rollback()
+            if isinstance(exc, sqlite3.OperationalError) and "full" in str(exc):
+                raise StorageFullError(f"no space left to write the library database in {self.root}; "
+                                       "free disk space") from None
             raise
-        conn.commit()
 
     def backup(self) -> None:
         """Copies the database to BACKUP_FILE (SQLite's online backup: a consistent snapshot while

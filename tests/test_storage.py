@@ -496,3 +496,16 @@ def test_streamed_safetensors_read_back_as_the_joined_tensors(tmp_path):
     with open(path, "wb") as f:
         write_safetensors(f, writer_bf16, axis, {})
     assert torch.equal(load_file(str(path))["keys"], torch.cat([p["keys"] for p in writer_bf16], dim=1))
+
+
+def test_a_transaction_rolls_back_whole_and_leaves_the_connection_free(tmp_path):
+    store = DocumentStore(tmp_path)
+    with pytest.raises(RuntimeError), store.transaction():
+        store.db.execute("INSERT INTO collections (name, created_at) VALUES ('lost', 't')")
+        raise RuntimeError("a failure midway")
+    assert not store.db.conn.in_transaction and store.collections() == {}
+    with store.transaction(), store.transaction():  # nested: a savepoint inside the IMMEDIATE one
+        store.db.execute("INSERT INTO collections (name, created_at) VALUES ('kept', 't')")
+    assert not store.db.conn.in_transaction and list(store.collections()) == ["kept"]
+    other = DocumentStore(tmp_path)  # another connection sees it committed
+    assert list(other.collections()) == ["kept"]

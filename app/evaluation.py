@@ -18,7 +18,7 @@ import torch
 from app import ruler
 from app.defaults import answer_params, model_defaults
 from app.kv_service import at_stored_precision, chunk_records, tokenize_for_chunks
-from app.prefilter import PREFILTER_ALL, bm25_priors, candidate_chunks
+from app.prefilter import PREFILTER_ALL, prefilter
 from engine import DocumentKV, Engine
 from engine.kv_cache import take_chunks
 from storage.chunk_index import index_texts, search
@@ -54,8 +54,8 @@ def prefiltered(doc: DocumentKV, chunk_texts: list[str], question: str, m: int) 
     if not m:
         return list(range(doc.num_chunks)), [0.0] * doc.num_chunks
     hits = [(0, h.ordinal, h.bm25) for h in search(index_texts(chunk_texts), question, [0], m)]
-    chosen = candidate_chunks([(d, o) for d, o, _ in hits], [doc.num_chunks], m)
-    return chosen[0], bm25_priors(hits, chosen)[0]
+    chosen, priors = prefilter(hits, [doc.num_chunks], m)
+    return chosen[0], priors[0]
 
 
 def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chunk_size: int,

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from app.prefilter import bm25_priors, candidate_chunks
+from app.prefilter import prefilter
 from app.sentences import sentence_starts
 from engine import DocumentKV, Engine
 from engine.chunking import ChunkedTokens, token_breaks
@@ -214,8 +214,7 @@ class DocumentKVService:
         by_cache = {r.id: i for i, r in enumerate(records) if r is not None}
         hits = [(by_cache[h.cache_id], h.ordinal, h.bm25)
                 for h in self.store.search_chunks(question, list(by_cache), m)]
-        chosen = candidate_chunks([(d, o) for d, o, _ in hits], counts, m)
-        return chosen, bm25_priors(hits, chosen)
+        return prefilter(hits, counts, m)
 
     def chunks(self, doc_id: str, chunk_size: int) -> list[ChunkRecord]:
         """Chunk metadata for citations (prefilling first if this chunking was never computed)."""

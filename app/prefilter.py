@@ -63,3 +63,11 @@ def bm25_priors(hits: Sequence[tuple[int, int, float]], candidates: Sequence[Seq
     best = max(relevance.values(), default=0.0)
     return [[relevance.get((d, o), 0.0) / best if best > 0 else 0.0 for o in chosen]
             for d, chosen in enumerate(candidates)]
+
+
+def prefilter(hits: Sequence[tuple[int, int, float]], num_chunks: Sequence[int], m: int
+              ) -> tuple[list[list[int]], list[list[float]]]:
+    """Per document, the candidates (`candidate_chunks`) and their BM25 priors (`bm25_priors`) from
+    (document index, chunk ordinal, bm25) hits, best first: the store's rule and the evaluation's."""
+    chosen = candidate_chunks([(d, o) for d, o, _ in hits], num_chunks, m)
+    return chosen, bm25_priors(hits, chosen)

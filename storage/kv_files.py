@@ -16,7 +16,7 @@ import os
 import shutil
 import struct
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,14 +181,17 @@ def write_safetensors(f, parts: list[dict[str, torch.Tensor]], chunk_axis: dict[
     return 8 + len(raw) + offset, digest.hexdigest()
 
 
-def write_kv_shards(root: Path, rel_folder: str, tensors: dict[str, torch.Tensor], chunk_axis: dict[str, int],
-                    num_chunks: int, max_shard_bytes: int, metadata: dict[str, str]) -> list[ShardInfo]:
-    """Writes `tensors` (split along their chunk axis) into `root/rel_folder`, atomically."""
+def write_kv_shards(root: Path, rel_folder: str, tensors: dict[str, torch.Tensor] | Iterable[dict[str, torch.Tensor]],
+                    chunk_axis: dict[str, int], num_chunks: int, max_shard_bytes: int,
+                    metadata: dict[str, str]) -> list[ShardInfo]:
+    """Writes `tensors` (the whole cache, or consecutive chunk ranges as they come: each can be
+    freed once handed over) into `root/rel_folder`, atomically; nothing is left on any failure."""
     writer = KVShardWriter(root, rel_folder, chunk_axis, max_shard_bytes, metadata)
     try:
-        writer.append(tensors)
+        for part in [tensors] if isinstance(tensors, dict) else tensors:
+            writer.append(part)
         if writer.num_chunks != num_chunks:
-            raise ValueError(f"tensors hold {writer.num_chunks} chunks, expected {num_chunks}")
+            raise ValueError(f"{num_chunks} chunk records for tensors holding {writer.num_chunks} chunks")
         return writer.finish()
     except BaseException:
         writer.abort()

@@ -42,13 +42,13 @@ from storage.errors import NO_SPACE, READ_ONLY, DatabaseError, ReadOnlyError
 from storage.kv_files import (
     TMP_MARK,
     KVFileError,
-    KVShardWriter,
     ShardInfo,
     StorageError,
     StorageFullError,
     read_kv_chunks,
     read_kv_shards,
     remove_temporaries,
+    write_kv_shards,
 )
 
 logger = logging.getLogger(__name__)
@@ -462,23 +462,13 @@ class DocumentStore:
             raise StorageError(f"unknown document {key.document_id}")
         meta = {"document_id": key.document_id, "model_fingerprint": key.model_fingerprint,
                 "chunk_size": str(key.chunk_size), "dtype": key.dtype, "chunking": key.chunking}
-        parts = [tensors] if isinstance(tensors, dict) else tensors
         with self.writing():
-            return self._save_kv_locked(key, parts, chunk_axis, chunks, num_tokens, meta)
+            return self._save_kv_locked(key, tensors, chunk_axis, chunks, num_tokens, meta)
 
     def _save_kv_locked(self, key, parts, chunk_axis, chunks, num_tokens, meta) -> KVCacheRecord:
         num_chunks = len(chunks)
         folder = f"{key.folder_prefix}-{uuid.uuid4().hex[:8]}"
-        writer = KVShardWriter(self.root, folder, chunk_axis, self.max_shard_bytes, meta)
-        try:
-            for part in parts:
-                writer.append(part)
-            if writer.num_chunks != num_chunks:
-                raise ValueError(f"{num_chunks} chunk records for tensors holding {writer.num_chunks} chunks")
-            shards = writer.finish()
-        except BaseException:
-            writer.abort()
-            raise
+        shards = write_kv_shards(self.root, folder, parts, chunk_axis, num_chunks, self.max_shard_bytes, meta)
         total = sum(s.bytes for s in shards)
         now = _now()
         # Without `chunking`: a cache of another cut for the same key is replaced, not kept beside.

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -263,6 +264,60 @@ def test_lookup_examples_ask_training_wordings_of_facts_in_real_text():
     with pytest.raises(ValueError, match="needs the corpus's real text"):
         TaskSampler(_corpus(), lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=3,
                     task_weights={"lookup": 1})
+
+
+def test_generated_lookups_read_both_subject_and_relation_and_never_a_held_out_family():
+    """The generated-family task: the asked value stands in a chunk, beside a fact of the same
+    relation about another subject and one of another relation about the same subject; no question
+    uses a relation whose words all stand in one held-out family."""
+    from training import relations
+
+    sp = relations.split()
+    held_words = [set(re.findall(r"[a-z]+", " ".join((f.fact, f.question, *f.paraphrases)).lower()))
+                  for f in sp.held_out_families]
+    generated = relations.generated_relations(sp)
+    assert len(generated) >= 1000
+    assert not any({*name.split()} <= words for name, _, _ in generated for words in held_words)
+    assert ("serial number", "code", "what") not in generated  # a held-out family asks for a serial number
+    corpus = _corpus() | {"text_paragraphs": _flat([TOK.encode(f" The daemon reads file number {i} at start, "
+                                                               "then listens on its port.").ids for i in range(50)])}
+    layout = make_layout(BUNDLED_MODEL, model_config(TOK))
+    sampler = TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=5,
+                          task_weights={"lookup_generated": 1})
+    relation_names = sorted((name for name, _, _ in generated), key=len, reverse=True)
+    not_found = 0
+    for _ in range(200):
+        ex = sampler.sample(4, scoring_share=0.0)
+        assert len(ex.chunks) == 4 and all(len(c) <= 127 for c in ex.chunks)
+        question = TOK.decode(ex.question_ids)
+        asked = next((n for n in relation_names if n in question), None)
+        assert asked is not None, question
+        text = " ".join(TOK.decode(c) for c in ex.chunks)
+        assert text.count(asked) >= 1  # the other subject's fact of the same relation at least
+        answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+        if answer == relations.NOT_FOUND:
+            not_found += 1
+        else:
+            assert answer in text, (question, answer)
+    assert 10 < not_found < 60
+
+
+def test_text_denoising_restores_the_text_that_follows_its_chunk():
+    corpus = _corpus() | {"text_paragraphs": _flat([TOK.encode(f" Paragraph {i} says the daemon reads its file "
+                                                               "at start and then listens.").ids for i in range(50)])}
+    layout = make_layout(BUNDLED_MODEL, model_config(TOK))
+    sampler = TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=2,
+                          task_weights={"text_denoising": 1})
+    stream = corpus["text_paragraphs"]["tokens"].tolist()
+    for _ in range(20):
+        ex = sampler.sample(4, scoring_share=0.0)
+        assert ex.scoring and len(ex.chunks) == 1 and len(ex.chunks[0]) == 127 and ex.answer_ids == []
+        assert len(ex.question_ids) == 48
+        joined = ex.chunks[0] + ex.question_ids  # consecutive in the stream (which wraps around)
+        doubled = stream + stream
+        assert any(doubled[i:i + len(joined)] == joined for i in range(len(stream)))
+    batch = collate([sampler.sample(4, scoring_share=0.0) for _ in range(3)], layout, 128, 0.0, random.Random(0))
+    assert int(batch["targets"].sum()) == 3 * 48
 
 
 def test_pooling_kv_heads_keeps_the_function_when_grouped_heads_agree():

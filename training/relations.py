@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 from dataclasses import dataclass
 
 SPLIT_SEED = 20261201
@@ -514,3 +515,72 @@ def held_out_samples(paragraph_pool: list[list[str]], n: int, seed: int, no_answ
                                sp.held_out_framings, rng, answerable=rng.random() >= no_answer_share)
         out.append(dataclasses.replace(sample, held_out=this))
     return out
+
+
+# ---- generated families: many more relations than the table, for training only -----------------------
+#
+# The table's 164 training families teach the reading of a fact, but a model that has seen only they
+# may bind a question to the few predicates it knows. Generated families compose a relation from a
+# modifier and a head ("billing" + "code": "The billing code of the Tarn depot is 48213.") in several
+# sentence forms and question wordings, thousands in all. None uses a modifier and head that a held-out
+# family's fact or questions hold together (`generated_family` checks), so the held-out families stay
+# unseen.
+
+_MODIFIERS = ("backup billing booking cargo catalogue clearance customs delivery dispatch emergency export filing "
+              "harbour import insurance intake inventory invoice locker maintenance member night parcel patrol "
+              "permit registration repair reserve routing security serial shipping signal storage supply survey "
+              "tender tracking transfer visitor voucher warranty archive audit calibration compliance courier "
+              "depot freight grant hazard kitchen laboratory ledger library loading metering payroll pension "
+              "quality radio recycling research safety sampling seasonal service staff testing training transit "
+              "utility ventilation water welfare workshop").split()
+# head | value kind | "what" questions or "who" / "when" / "how much" ones
+_HEADS = (("code", "code", "what"), ("number", "code", "what"), ("reference", "code", "what"),
+          ("password", "word", "what"), ("keyword", "word", "what"), ("officer", "person", "who"),
+          ("supervisor", "person", "who"), ("coordinator", "person", "who"), ("contact", "person", "who"),
+          ("inspector", "person", "who"), ("deadline", "date", "when"), ("review date", "date", "when"),
+          ("limit", "count", "what"), ("quota", "count", "what"), ("fee", "money", "how much"),
+          ("allowance", "money", "how much"), ("start time", "time", "when"), ("colour", "colour", "what"),
+          ("supplier", "company", "what"), ("office", "city", "what"), ("version", "version", "what"),
+          ("port", "port", "what"), ("directory", "path", "what"), ("address", "address", "what"))
+_GENERATED_FACTS = ("The {a} of {s} is {v}.", "The {a} for {s} is {v}.", "For {s}, the {a} is {v}.",
+                    "{S} lists {v} as its {a}.", "{S} has {v} as its {a}.", "The current {a} of {s} is {v}.")
+_GENERATED_QUESTIONS = {
+    "what": ("What is the {a} of {s}?", "What is the {a} for {s}?", "Which {a} does {s} have?",
+             "What {a} does {s} use?", "Give me the {a} of {s}."),
+    "who": ("Who is the {a} of {s}?", "Who is the {a} for {s}?", "Who serves as {a} for {s}?",
+            "Which person is the {a} of {s}?", "Name the {a} of {s}."),
+    "when": ("When is the {a} of {s}?", "What is the {a} for {s}?", "At what time or date is the {a} of {s}?",
+             "When is the {a} for {s}?", "Give me the {a} of {s}."),
+    "how much": ("How much is the {a} of {s}?", "What is the {a} for {s}?", "How much is the {a} for {s}?",
+                 "What does the {a} of {s} come to?", "Give me the {a} of {s}."),
+}
+_GENERATED_SUBJECT_KINDS = tuple(_SUBJECT_NOUNS)
+
+
+def _held_out_word_sets(sp: Split) -> list[set[str]]:
+    """The words of each held-out family's fact and questions, lower-cased."""
+    return [set(re.findall(r"[a-z]+", " ".join((f.fact, f.question, *f.paraphrases)).lower()))
+            for f in sp.held_out_families]
+
+
+def generated_relations(sp: Split) -> list[tuple[str, str, str]]:
+    """Every (relation, value kind, question kind) the generated families may use: each modifier with
+    each head, less those whose words all stand together in one held-out family."""
+    held = _held_out_word_sets(sp)
+    out = []
+    for head, kind, asks in _HEADS:
+        for modifier in _MODIFIERS:
+            words = {modifier, *head.split()}
+            if not any(words <= h for h in held):
+                out.append((f"{modifier} {head}", kind, asks))
+    return out
+
+
+def generated_family(relation: tuple[str, str, str], rng: random.Random) -> Family:
+    """One generated family of `relation` (from `generated_relations`): a sentence form and every
+    question wording of its kind."""
+    name, kind, asks = relation
+    fact = rng.choice(_GENERATED_FACTS).replace("{a}", name)
+    questions = tuple(q.replace("{a}", name) for q in _GENERATED_QUESTIONS[asks])
+    subject_kind = rng.choice(_GENERATED_SUBJECT_KINDS)
+    return Family(f"generated/{name}", subject_kind, fact, questions[0], questions[1:], kind)

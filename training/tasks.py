@@ -52,8 +52,10 @@ class Layout:
 # variants the evaluation showed weakest (see the model card).
 # A task left out of a weights dict has weight 0 ("lookup" is 0 by default, so the default stream
 # is that of runs 1-8).
-TASK_WEIGHTS = {"niah": 10, "kv_retrieval": 2, "hotpot": 3, "which_document": 2, "lookup": 0, "sentence_qa": 0}
+TASK_WEIGHTS = {"niah": 10, "kv_retrieval": 2, "hotpot": 3, "which_document": 2, "lookup": 0, "sentence_qa": 0,
+                "lookup_generated": 0, "text_denoising": 0}
 LOOKUP_NOT_FOUND_SHARE = 0.15
+TEXT_DENOISING_TARGET = 48  # tokens of text the text_denoising task restores after its chunk
 NIAH_VARIANT_WEIGHTS = {"single": 4, "multikey": 3, "multivalue": 2, "multiquery": 2}
 
 
@@ -80,7 +82,9 @@ class TaskSampler:
         given = self.niah_variant_weights
         if set(given) != set(known) or any(w < 0 for w in given.values()) or not any(given.values()):
             raise ValueError(f"weights must name exactly {sorted(known)} with non-negative values, got {given}")
-        for task, needs in (("lookup", "text_paragraphs"), ("sentence_qa", "text_paragraphs"),
+        for task, needs in (("lookup", "text_paragraphs"), ("lookup_generated", "text_paragraphs"),
+                            ("text_denoising", "text_paragraphs"),
+                            ("sentence_qa", "text_paragraphs"),
                             ("sentence_qa", "sentence_questions")):
             if self.task_weights[task] and not corpus.get(needs):
                 raise ValueError(f"the {task} task needs the corpus's real text (training.prepare --corpus)")
@@ -95,6 +99,7 @@ class TaskSampler:
         text = corpus.get("text_paragraphs")  # real English (training.corpus), for the lookup haystacks
         self.text_tok, self.text_off = (text["tokens"], text["offsets"]) if text else (None, None)
         self.split = relations.split()
+        self.generated_relations = relations.generated_relations(self.split)
         self.sentence_questions = corpus.get("sentence_questions", [])  # training.prepare
 
     # ---- random values in RULER's formats --------------------------------------------------------
@@ -288,20 +293,42 @@ class TaskSampler:
         LOOKUP_NOT_FOUND_SHARE) the asked one is not: the answer is then "not found"."""
         r, sp = self.rng, self.split
         family = r.choice(sp.train_families)
+        others = [relations.draw_fact(r.choice(sp.train_families), r) for _ in range(r.randint(0, k))]
+        return self._lookup_example(k, family, sp.train_wordings(family), others)
+
+    def lookup_generated(self, k: int) -> Example:
+        """The lookup task over generated families (`relations.generated_family`): thousands of
+        relations rather than the table's. Beside the asked fact stand one of the same relation about
+        another subject and one of another relation about the same subject, so that both the subject
+        and the relation have to be read."""
+        r = self.rng
+        family = relations.generated_family(r.choice(self.generated_relations), r)
+        same_subject = relations.generated_family(r.choice(self.generated_relations), r)
+        others = [relations.draw_fact(r.choice(self.split.train_families), r) for _ in range(r.randint(0, k - 1))]
+        return self._lookup_example(k, family, (family.question, *family.paraphrases), others,
+                                    same_subject_family=same_subject)
+
+    def _lookup_example(self, k: int, family: relations.Family, wordings: tuple[str, ...],
+                        others: list[relations.Fact],
+                        same_subject_family: relations.Family | None = None) -> Example:
+        r, sp = self.rng, self.split
         asked = relations.draw_fact(family, r)
         other = relations.draw_fact(family, r)
         while other.subject == asked.subject:
             other = relations.draw_fact(family, r)
         answerable = r.random() >= LOOKUP_NOT_FOUND_SHARE
         facts = ([asked] if answerable else []) + [other]
-        facts += [relations.draw_fact(r.choice(sp.train_families), r) for _ in range(r.randint(0, k))]
+        if same_subject_family is not None:
+            facts.append(relations.Fact(same_subject_family, asked.subject,
+                                        relations.value(same_subject_family.value_kind, r)))
+        facts += others
         per_chunk: list[list[list[int]]] = [[] for _ in range(k)]
         for i, fact in enumerate(facts):  # at most two facts in a chunk, so that they fit
             slot = r.randrange(k) if i < k else i % k
             per_chunk[slot if len(per_chunk[slot]) < 2 else per_chunk.index(min(per_chunk, key=len))].append(
                 self.encode(" " + fact.sentence))
         chunks = [self._chunk_with(needles, "text") for needles in per_chunk]
-        question = relations.frame(asked.question(r.choice(sp.train_wordings(family))), r.choice(sp.train_framings))
+        question = relations.frame(asked.question(r.choice(wordings)), r.choice(sp.train_framings))
         return Example(chunks, self.encode(question), self._answer(asked.value if answerable else relations.NOT_FOUND))
 
     def sentence_qa(self, k: int) -> Example:
@@ -318,6 +345,17 @@ class TaskSampler:
             chunks[r.randrange(k)] = context
         answer = item["answer"] if answerable else relations.NOT_FOUND
         return Example(chunks, self.encode(r.choice(item["questions"])), self._answer(answer))
+
+    def text_denoising(self, k: int) -> Example:
+        """Masked-diffusion language modelling on real text: a chunk of consecutive paragraphs and
+        the text that follows it as the target, in the scorer's view (one chunk, the target where the
+        question stands). It keeps the model learning the language the documents are written in,
+        and that is what the predictive scorer measures: how well a chunk explains what follows."""
+        sents = self._filler(self.c - 1 + TEXT_DENOISING_TARGET, "text")
+        flat = [t for s in sents for t in s]
+        chunk = flat[: self.c - 1]
+        target = flat[self.c - 1: self.c - 1 + TEXT_DENOISING_TARGET]
+        return Example([chunk], target, [], scoring=True)
 
     def sample(self, k: int, scoring_share: float = 0.2) -> Example:
         r = self.rng

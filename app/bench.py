@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from app.prefilter import candidate_chunks
-from engine import KNOWN_CONFIGS, AnswerParams, SamplingParams, ScoringParams
+from engine import CACHED_KV_MODES, KNOWN_CONFIGS, AnswerParams, SamplingParams, ScoringParams
 from engine.answer import stream_answer
 from engine.attention import select_backend
 from engine.compiled_layers import layer_functions_for
@@ -191,10 +191,10 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
         # The method's modes first; the baselines then run without the document's KV resident
         # (they need only its tokens), as a deployment of them would: at 128K tokens LLaDA-8B's
         # KV alone is 64 GiB, and fastdllm's own full-length KV would not fit beside it.
-        ordered = [m for m in modes if m in ("static", "joint")] + [m for m in modes if m not in ("static", "joint")]
-        runs = [(mode, m) for mode in ordered for m in (prefilters if mode in ("static", "joint") else (0,))]
+        ordered = [m for m in modes if m in CACHED_KV_MODES] + [m for m in modes if m not in CACHED_KV_MODES]
+        runs = [(mode, m) for mode in ordered for m in (prefilters if mode in CACHED_KV_MODES else (0,))]
         for mode, m in runs:
-            if mode not in ("static", "joint") and doc.keys.shape[-1]:
+            if mode not in CACHED_KV_MODES and doc.keys.shape[-1]:
                 doc = _without_kv(doc)
                 if dev.type == "cuda":
                     torch.cuda.empty_cache()
@@ -221,7 +221,7 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
                     total, step_s, steps, phases, extrapolated, layout = _answer(model, attention, given, prompt,
                                                                                  params, max_steps, cache)
                     first, first_phases = total + bm25_s, phases | ({"bm25": bm25_s} if m else {})
-                    if mode in ("static", "joint"):  # the steady state: a second, different question
+                    if mode in CACHED_KV_MODES:  # the steady state: a second, different question
                         given, bm25_s = _prefiltered(doc, *index, m) if m else (doc, 0.0)
                         total, step_s, steps, phases, extrapolated, layout = _answer(model, attention, given, second,
                                                                                      params, max_steps, cache)
@@ -234,7 +234,7 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
                         torch.cuda.empty_cache()
                     continue
                 peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else 0.0
-                own_prefill = prefill_s if mode in ("static", "joint") else 0.0
+                own_prefill = prefill_s if mode in CACHED_KV_MODES else 0.0
                 row = BenchRow(shape, label, context, answer, own_prefill, own_prefill + first, total, 1000 * step_s,
                                steps, phases, first_phases, peak, extrapolated, layout,
                                prefill_tflops if own_prefill else 0.0, m)

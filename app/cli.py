@@ -11,8 +11,6 @@ from app.defaults import BUNDLED_MODEL
 from storage.kv_codec import DEFAULT_KV_ENCODING, KV_ENCODINGS
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
-# engine.scoring.SCORERS, spelled out so that parsing arguments does not import torch (a test checks they agree)
-SCORER_NAMES = ("draft_self_information", "self_information", "attention", "none")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -67,6 +65,9 @@ def _add_question_limits(p: argparse.ArgumentParser) -> None:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from engine.answer import CACHED_KV_MODES, KV_MODES
+    from engine.scoring import SCORERS
+
     parser = argparse.ArgumentParser(prog="docqa", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -95,9 +96,9 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="also keep chunks that add this much (nats a token) to what the kept ones explain "
                           "of the question (0: off; both rules off keep all K; default: the model's)")
     ans.add_argument("--token-budget", type=int, default=None, help="tokens kept per chunk and head (0: all)")
-    ans.add_argument("--kv-mode", choices=("static", "joint", "dense", "fastdllm"), default=None)
+    ans.add_argument("--kv-mode", choices=KV_MODES, default=None)
     ans.add_argument("--position-mode", choices=("continuous", "reuse", "absolute"), default=None)
-    ans.add_argument("--scorer", choices=SCORER_NAMES, default=None)
+    ans.add_argument("--scorer", choices=SCORERS, default=None)
     _add_sampling_args(ans)
 
     ev = sub.add_parser("eval", help="RULER tasks through the pipeline: JSON, markdown table, heatmap")
@@ -105,7 +106,7 @@ def _build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--data", type=Path, default=Path(".ruler-data"), help="folder written by eval-data")
     ev.add_argument("--tasks", nargs="+", default=None)
     ev.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536, 131072])
-    ev.add_argument("--modes", nargs="+", default=["static", "joint", "dense"])
+    ev.add_argument("--modes", nargs="+", choices=KV_MODES, default=[*CACHED_KV_MODES, "dense"])
     ev.add_argument("--max-samples", type=int, default=None, help="per task and length")
     ev.add_argument("--dense-max-tokens", type=int, default=16384, help="skip dense above this context length")
     ev.add_argument("--prefilter", type=int, nargs="+", default=[0], metavar="M",
@@ -181,13 +182,13 @@ def _build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--shape", choices=("dream-7b", "llada-8b", "tiny"), default="dream-7b")
     bn.add_argument("--contexts", type=int, nargs="+", default=[8192, 16384, 32768, 65536, 131072])
     bn.add_argument("--answers", type=int, nargs="+", default=[32, 256])
-    bn.add_argument("--modes", nargs="+", default=["static", "joint", "fastdllm", "dense"])
+    bn.add_argument("--modes", nargs="+", choices=KV_MODES, default=list(KV_MODES))
     bn.add_argument("--chunk-size", type=int, default=512)
     bn.add_argument("--top-k", type=int, default=4)
     bn.add_argument("--dense-budget-s", type=float, default=120.0,
                     help="above this estimated time, dense runs 2 steps and is extrapolated")
     bn.add_argument("--device", default=None)
-    bn.add_argument("--scorer", choices=SCORER_NAMES, default="draft_self_information",
+    bn.add_argument("--scorer", choices=SCORERS, default="draft_self_information",
                     help="chunk scorer (default: the app's, a draft then the question's likelihood)")
     bn.add_argument("--llada-folds", type=int, default=4,
                     help="LLaDA masking folds when scoring; 0: leave-one-out (the app's default, ~8x the rows)")

@@ -35,6 +35,9 @@ class ModelDefaults:
     # Nats the best BM25 match adds to its chunk's score before selection (others in proportion,
     # app.prefilter.bm25_priors); 0: the predictive scorer alone decides.
     bm25_weight: float = 0.0
+    # Below this best selected score (nats) the answer carries the "the documents may not contain
+    # this" warning; None: no warning.
+    weak_score: float | None = None
 
 
 def model_defaults(folder: Path | None) -> ModelDefaults:

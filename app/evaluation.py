@@ -19,7 +19,7 @@ from app import ruler
 from app.defaults import answer_params, model_defaults
 from app.kv_service import at_stored_precision, chunk_records, tokenize_for_chunks
 from app.prefilter import PREFILTER_ALL, prefilter
-from engine import DocumentKV, Engine
+from engine import CACHED_KV_MODES, DocumentKV, Engine
 from engine.kv_cache import take_chunks
 from storage.chunk_index import index_texts, search
 from storage.kv_codec import DEFAULT_KV_ENCODING
@@ -91,11 +91,11 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
         # Absolute positions place each chunk at its ordinal in the document: a subset would move
         # them, so (as the app does) they always score every chunk.
         absolute = defaults.position_mode == "absolute"
-        selecting = ("static", "joint") if not absolute else ()
+        selecting = CACHED_KV_MODES if not absolute else ()
         runs = [(enc, mode, m, w) for enc in encodings for mode in modes
                 for m in (prefilters if mode in selecting else (PREFILTER_ALL,))
                 for w in (weights if m else weights[:1])
-                if mode in ("static", "joint") or enc == encodings[0]]  # the others do not read the KV
+                if mode in CACHED_KV_MODES or enc == encodings[0]]  # the others do not read the KV
         for enc, mode, m, w in runs:
             if mode == "dense" and len(offsets) > dense_max_tokens:
                 continue
@@ -105,14 +105,14 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
             given = doc if len(candidates) == doc.num_chunks else take_chunks(doc, candidates)
             result = engine.answer(given, s.question, answer_params(defaults, kv_mode=mode, bm25_weight=w),
                                    chunk_priors=[priors])
-            seconds = time.perf_counter() - t + prefill_s * (mode in ("static", "joint"))
+            seconds = time.perf_counter() - t + prefill_s * (mode in CACHED_KV_MODES)
             chosen = {candidates[r.chunk] for r in result.trace.selected}
-            scored = bool(needle_chunks) and mode in ("static", "joint")
+            scored = bool(needle_chunks) and mode in CACHED_KV_MODES
             selected = bool(needle_chunks & chosen) if scored else None
             recall = len(needle_chunks & chosen) / len(needle_chunks) if scored else None
             seen = len(needle_chunks & set(candidates)) / len(needle_chunks) if scored else None
             setting = (f"{mode}+bm25@{m}" + (f"+fuse{w:g}" if w else "")) if m else mode
-            label = f"{setting}/{enc}" if len(encodings) > 1 and mode in ("static", "joint") else setting
+            label = f"{setting}/{enc}" if len(encodings) > 1 and mode in CACHED_KV_MODES else setting
             row = EvalRow(s.task, s.length, s.index, label, ruler.score(s.task, result.text, s.outputs),
                           result.text, [str(o) for o in s.outputs], s.depth, selected, seconds, recall,
                           len(result.trace.selected), m, seen, enc, setting)

@@ -9,10 +9,12 @@ its length is limited, so one request cannot starve the others.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import json
 import logging
+import re
 import tempfile
 import threading
 import time
@@ -27,6 +29,7 @@ from app.ingest import IngestError, extract
 from app.kv_service import DocumentKVService
 from app.prefilter import PREFILTER_ALL
 from engine import AnswerParams, AnswerResult, Engine
+from engine.chunking import CONTENT_OFFSET
 from engine.decode import DecodeStep
 from engine.engine import resolve_device
 from engine.weights import cpu_has_native_bf16
@@ -99,7 +102,10 @@ class Citation:
     pages: str  # printed page labels, "12" or "12-13"
     score: float
     text: str
-    kept_tokens: list[int] = field(default_factory=list)
+    kept_tokens: list[int] = field(default_factory=list)  # per token slot, BOS first: (layer, head) pairs keeping it
+    # The text as words, each with the largest share of (layer, head) pairs that kept one of its tokens
+    # (0-1; None when the selection kept every token): what the Inspect view shades.
+    kept_words: list[tuple[str, float | None]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,28 @@ def _page_label(pages: list, start: int, end: int) -> str:
     return a if a == b else f"{a}-{b}"
 
 
+def kept_words(text: str, token_spans: list[tuple[int, int]], kept: list[int]) -> list[tuple[str, float | None]]:
+    """`text` cut after each run of whitespace into words, each with the largest share of (layer,
+    head) pairs that kept one of its tokens. `token_spans` are the content tokens' character spans
+    in `text`; `kept` counts per token slot, the chunk's BOS first (engine.chunking.CONTENT_OFFSET).
+    Without counts (every token kept) the heat is None."""
+    words = [(m.start(), m.end()) for m in re.finditer(r"\s*\S+\s*|\s+", text)]  # leading blanks join the first
+    if not kept:
+        return [(text[a:b], None) for a, b in words]
+    top = max(kept) or 1
+    heat = [kept[i + CONTENT_OFFSET] / top if i + CONTENT_OFFSET < len(kept) else 0.0
+            for i in range(len(token_spans))]
+    # A token belongs to the word holding its first visible character: the byte-level BPE puts the
+    # space before a word into that word's first token, while the words keep it at their end.
+    best = [0.0] * len(words)
+    starts = [a for a, _ in words]
+    for (a, b), h in zip(token_spans, heat, strict=True):
+        visible = a + len(text[a:b]) - len(text[a:b].lstrip())
+        w = max(bisect.bisect_right(starts, min(visible, max(b - 1, a))) - 1, 0)
+        best[w] = max(best[w], h)
+    return [(text[a:b], round(h, 3)) for (a, b), h in zip(words, best, strict=True)]
+
+
 class DocQA:
     def __init__(self, config: ServiceConfig = ServiceConfig()) -> None:
         self.config = config
@@ -159,9 +187,7 @@ class DocQA:
             self.upload_dir.mkdir(exist_ok=True)
             self._remove_stale_uploads()
         self._model_lock = threading.Lock()
-        weak = json.loads((Path(config.model_dir) / "docqa.json").read_text()).get("weak_score") \
-            if (Path(config.model_dir) / "docqa.json").exists() else None
-        self.weak_score = config.weak_score if config.weak_score is not None else weak
+        self.weak_score = config.weak_score if config.weak_score is not None else self.defaults.weak_score
 
     # ---- documents -------------------------------------------------------------------------------
 
@@ -340,6 +366,10 @@ class DocQA:
 
     # ---- questions -------------------------------------------------------------------------------
 
+    def _kept_words(self, text: str, kept: list[int]) -> list[tuple[str, float | None]]:
+        enc = self.engine.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return kept_words(text, [tuple(span) for span in enc["offset_mapping"]], kept)
+
     def params(self, **overrides) -> AnswerParams:
         return answer_params(self.defaults, **overrides)
 
@@ -495,9 +525,10 @@ class DocQA:
         for j, (ref, score) in enumerate(zip(tr.selected, tr.selected_scores, strict=True)):
             ordinal = candidates[ref.document][ref.chunk]
             meta = chunk_meta[ref.document][ordinal]
+            kept = tr.kept_tokens[j] if j < len(tr.kept_tokens) else []
             citations.append(Citation(records[ref.document].id, records[ref.document].name, ordinal,
                                       _page_label(pages[ref.document], meta.page_start, meta.page_end), score,
-                                      meta.text, tr.kept_tokens[j] if j < len(tr.kept_tokens) else []))
+                                      meta.text, kept, self._kept_words(meta.text, kept)))
         citations.sort(key=lambda c: -c.score)
         warning = None
         best = max(tr.selected_scores, default=float("-inf"))

@@ -46,7 +46,11 @@ from engine.static_decode import (
     build_static_context,
 )
 
-KV_MODES = ("static", "joint", "dense", "fastdllm")
+# The modes that read the documents' cached chunk KV (and so score and select chunks), then the
+# baselines that run over the whole text with no chunking.
+CACHED_KV_MODES = ("static", "joint")
+BASELINE_KV_MODES = ("dense", "fastdllm")
+KV_MODES = CACHED_KV_MODES + BASELINE_KV_MODES
 STATIC_LAYOUTS = ("auto", "paged", "contiguous")
 
 
@@ -262,7 +266,7 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
         prompt = build_question_prompt(tokenizer, question, cfg.bos_token_id, params.instruction,
                                        params.use_chat_template)
     sp = params.scoring
-    baseline = params.kv_mode in ("dense", "fastdllm")  # no chunking, nothing to score
+    baseline = params.kv_mode in BASELINE_KV_MODES  # no chunking, nothing to score
     draft = None
     if sp.scorer == "draft_self_information" and not baseline:
         prompt_ids = prompt.prefix_ids + prompt.query_ids

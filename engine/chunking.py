@@ -52,6 +52,9 @@ def token_breaks(char_starts: Sequence[int], offsets: Sequence[tuple[int, int]])
     return [t for t in out if t < len(ends)]
 
 
+CONTENT_OFFSET = 1  # token slot 0 of every chunk holds its BOS; the chunk's own text starts at slot 1
+
+
 def chunk_tokens(token_ids: torch.Tensor | list[int], chunk_size: int, bos_id: int, pad_id: int,
                  breaks: Sequence[int] | None = None, min_fill: float = 0.5) -> ChunkedTokens:
     """Splits content tokens into spans of at most C - 1 and prepends BOS to each, dropping nothing.

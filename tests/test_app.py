@@ -391,3 +391,19 @@ def test_the_app_runs_bf16_on_a_cpu_that_multiplies_it_natively(tmp_path):
     assert app_dtype(torch.device("cpu")) == expected
     with pytest.raises(ValueError, match="unknown dtype"):
         app_dtype(torch.device("cpu"), "int8")
+
+
+def test_kept_words_shade_whole_words_by_their_most_kept_token():
+    """Inspect reads words, not BPE pieces: a word's heat is its most kept token's share, the BOS
+    slot (kept counts' first) belongs to no word, and whitespace stays with the word before it."""
+    from app.service import kept_words
+
+    text = "Beruthallocation is 42."
+    spans = [(0, 3), (3, 6), (6, 10), (10, 16), (16, 19), (19, 22), (22, 23)]  # "Ber" "uth" "allo" "cation" ...
+    kept = [24, 6, 12, 0, 3, 24, 0, 12]  # BOS, then one count per token
+    words = kept_words(text, spans, kept)
+    assert [w for w, _ in words] == ["Beruthallocation ", "is ", "42."]
+    assert "".join(w for w, _ in words) == text
+    assert [h for _, h in words] == [0.5, 1.0, 0.5]
+    assert kept_words(text, spans, []) == [("Beruthallocation ", None), ("is ", None), ("42.", None)]
+    assert kept_words("  lead", [(2, 6)], [1, 1]) == [("  lead", 1.0)]

@@ -65,13 +65,6 @@ def test_answer_over_a_text_file(llada_dir, tmp_path):
     assert res.returncode == 2 and res.stderr.strip() == f"docqa: no such file: {tmp_path / 'missing.txt'}"
 
 
-def test_scorer_choices_match_the_engine():
-    from app.cli import SCORER_NAMES
-    from engine.scoring import SCORERS
-
-    assert SCORER_NAMES == SCORERS
-
-
 def test_bench_command_on_the_tiny_shape(tmp_path):
     res = run_cli("bench", "--shape", "tiny", "--contexts", "128", "--answers", "32", "--modes", "static",
                   "--chunk-size", "32", "--top-k", "2", "--device", "cpu", "--llada-folds", "0",

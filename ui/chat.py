@@ -104,7 +104,7 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
                         text += f"\n\n**Warning:** {html.escape(r.warning)}"
                     history[-1] = {"role": "assistant", "content": f"{text}\n\n*Sources: {cites}*"}
                     yield (history, gr.update(choices=conversation_choices(service), value=r.conversation_id or None),
-                           inspect.scores_frame(r), inspect.chosen_spans(service, r), inspect.anchors_figure(r),
+                           inspect.scores_frame(r), inspect.chosen_spans(r), inspect.anchors_figure(r),
                            r.timings, "")
         except (ValueError, QuestionStopped, StorageError) as exc:
             raise gr.Error(str(exc)) from None

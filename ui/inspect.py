@@ -7,7 +7,7 @@ import gradio as gr
 import matplotlib
 import pandas as pd
 
-from app.service import AskResult, DocQA
+from app.service import AskResult
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -29,20 +29,13 @@ def scores_frame(result: AskResult) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["chunk", "score", "selected", "document", "pages"])
 
 
-def chosen_spans(service: DocQA, result: AskResult) -> list[tuple[str, float | None]]:
-    """Chunk text with a heat per token: the share of (layer, head) pairs that kept it."""
+def chosen_spans(result: AskResult) -> list[tuple[str, float | None]]:
+    """The chosen chunks as words, each shaded by the share of (layer, head) pairs that kept it."""
     spans: list[tuple[str, float | None]] = []
-    tok = service.engine.tokenizer
     for c in result.citations:
         spans.append((f"\n[{c.document}, p. {c.pages}, score {c.score:.2f}]\n", None))
-        if not c.kept_tokens:
-            spans.append((c.text, None))
-            continue
-        top = max(c.kept_tokens) or 1
-        enc = tok(c.text, add_special_tokens=False, return_offsets_mapping=True)
-        for i, (a, b) in enumerate(enc["offset_mapping"]):
-            kept = c.kept_tokens[i + 1] if i + 1 < len(c.kept_tokens) else 0  # +1: the BOS comes first
-            spans.append((c.text[a:b], round(kept / top, 3)))
+        # A conversation saved before words were kept shows its chunk's text unshaded.
+        spans.extend((word, heat) for word, heat in c.kept_words or [(c.text, None)])
     return spans
 
 

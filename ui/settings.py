@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from app.service import DocQA
-from engine import DECODERS, KV_MODES
+from engine import CACHED_KV_MODES, DECODERS
 
 
 @dataclass
@@ -44,7 +44,7 @@ def build(service: DocQA) -> SettingsInputs:
                                label="Answer length (tokens, a multiple of 32)")
         # A fine step: a coarse one would snap the model's default (0.999 for the bundled model) to 1.
         threshold = gr.Slider(0.05, 1.0, value=d.threshold, step=0.001, label="Confidence threshold")
-        kv_mode = gr.Dropdown(choices=[m for m in KV_MODES if m in ("static", "joint")], value=d.kv_mode,
+        kv_mode = gr.Dropdown(choices=list(CACHED_KV_MODES), value=d.kv_mode,
                               label="KV mode")
         decoder = gr.Dropdown(choices=list(DECODERS), value=d.decoder, label="Decoder")
     return SettingsInputs(top_k, chunk_size, token_budget, gen_length, threshold, kv_mode, decoder, score_margin,

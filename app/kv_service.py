@@ -18,11 +18,11 @@ from dataclasses import replace
 import torch
 
 from app.prefilter import prefilter
-from app.sentences import sentence_starts
 from engine import DocumentKV, Engine
 from engine.chunking import ChunkedTokens, token_breaks
 from engine.kv_cache import take_chunks
 from engine.prefill import ProgressFn
+from engine.sentences import sentence_starts
 from storage import ChunkRecord, DocumentStore, KVFileError, KVKey, PageSpan, StorageError, TieredKVPool
 from storage.kv_codec import (
     DEFAULT_KV_ENCODING,

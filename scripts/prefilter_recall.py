@@ -1,5 +1,5 @@
 """Recall of the BM25 prefilter alone: the share of answer-holding chunks among its M candidates
-(app.evaluation.prefiltered), per task family, length and M, over `docqa eval-data` folders. Needs
+(tools.evaluation.prefiltered), per task family, length and M, over `docqa-tools eval-data` folders. Needs
 only the model's tokenizer: the chunks are cut as prefill_text cuts them, no forward pass runs.
 
     python scripts/prefilter_recall.py    # .ruler-data/dev (4K, 16K) and .ruler-data/long (32K, 64K)
@@ -16,13 +16,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
-from app import ruler  # noqa: E402
 from app.defaults import BUNDLED_MODEL  # noqa: E402
-from app.evaluation import prefiltered  # noqa: E402
 from app.kv_service import chunk_records  # noqa: E402
-from app.sentences import sentence_starts  # noqa: E402
 from engine import DocumentKV  # noqa: E402
 from engine.chunking import chunk_tokens, token_breaks  # noqa: E402
+from engine.sentences import sentence_starts  # noqa: E402
+from tools import ruler  # noqa: E402
+from tools.evaluation import prefiltered  # noqa: E402
 
 TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "niah_multiquery",
          "lookup_family", "lookup_paraphrase", "lookup_framing", "qa_1", "qa_2"]

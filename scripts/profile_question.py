@@ -3,7 +3,7 @@
     python scripts/profile_question.py --shape dream-7b --context 32768 --out profile/   # needs CUDA
 
 Random weights at the real shape, one prefilled document, the bench's question and decoding rule
-(app/bench.py). For each variant of the decode step (eager layer halves, compiled ones) it answers
+(tools/bench.py). For each variant of the decode step (eager layer halves, compiled ones) it answers
 twice untimed (compilation, graph capture), once timed (the trace's phases), then once under
 torch.profiler with the profiler started after the first decode step, so the table holds decode
 steps only. Scoring (`score_document`) is profiled on its own (compiled layer halves); prefill,
@@ -29,7 +29,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import engine.answer as answer_mod
-from app.bench import BENCH_SCORING, SHAPES, _matmul_flops_per_token, _question
 from engine import AnswerParams, SamplingParams
 from engine.answer import AnswerResult, stream_answer
 from engine.attention import full_mask, select_backend
@@ -39,6 +38,7 @@ from engine.paged_decode import PagedDecodeCache
 from engine.prefill import PREFILL_TOKEN_BUDGET, prefill_document
 from engine.static_decode import build_static_context
 from engine.weights import random_model
+from tools.bench import BENCH_SCORING, SHAPES, _matmul_flops_per_token, _question
 
 SECTIONS = ("prefill", "scoring", "decode", "kv_build", "first")
 KINDS = [("gemm", r"gemm|gemv|cutlass|sm90|matmul|splitK|nvjet"), ("split_kv", r"split_kv|_merge_kernel"),

@@ -331,7 +331,7 @@ def test_cli_ingest_ask_list_rm(tmp_path):
     import sys
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "app.cli", *args, "--data-dir", str(tmp_path / "d"),
+        return subprocess.run([sys.executable, "-m", "ui.cli", *args, "--data-dir", str(tmp_path / "d"),
                                "--device", "cpu"], capture_output=True, text=True, timeout=600,
                               env=os.environ | CLI_ENV)
 

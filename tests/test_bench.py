@@ -1,10 +1,10 @@
-"""`docqa bench` on a tiny random model (the real shapes need a GPU: see docs/PERFORMANCE.md)."""
+"""`docqa-tools bench` on a tiny random model (the real shapes need a GPU: see docs/PERFORMANCE.md)."""
 
 from __future__ import annotations
 
 import json
 
-from app import bench
+from tools import bench
 
 
 def test_bench_runs_every_mode_with_the_same_rule(tmp_path):

@@ -1,4 +1,4 @@
-"""The `docqa` command line, run as a user would (a real subprocess)."""
+"""The `docqa` and `docqa-tools` command lines, run as a user would (a real subprocess)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,13 @@ import subprocess
 import sys
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True,
+def run_cli(*args, module="ui.cli"):
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
                           timeout=300)
+
+
+def run_tools(*args):
+    return run_cli(*args, module="tools.cli")
 
 
 def test_generate_on_a_tiny_checkpoint(llada_dir):
@@ -20,7 +24,7 @@ def test_generate_on_a_tiny_checkpoint(llada_dir):
 
 
 def test_make_random_model_then_generate(tmp_path):
-    res = run_cli("make-random-model", str(tmp_path / "m"), "--family", "dream")
+    res = run_tools("make-random-model", str(tmp_path / "m"), "--family", "dream")
     assert res.returncode == 0 and "random" in res.stdout
     res = run_cli("generate", "--model", str(tmp_path / "m"), "--decoder", "maskgit_plus",
                   "--gen-length", "8", "--block-length", "8", "--steps", "4", "Hi")
@@ -66,12 +70,12 @@ def test_answer_over_a_text_file(llada_dir, tmp_path):
 
 
 def test_bench_command_on_the_tiny_shape(tmp_path):
-    res = run_cli("bench", "--shape", "tiny", "--contexts", "128", "--answers", "32", "--modes", "static",
+    res = run_tools("bench", "--shape", "tiny", "--contexts", "128", "--answers", "32", "--modes", "static",
                   "--chunk-size", "32", "--top-k", "2", "--device", "cpu", "--llada-folds", "0",
                   "--out", str(tmp_path))
     assert res.returncode == 0, res.stderr
     meta = json.loads((tmp_path / "bench.json").read_text())["meta"]
     assert meta["scorer"] == "draft_self_information" and meta["llada_folds"] == "leave-one-out"
-    res = run_cli("bench", "--shape", "tiny", "--llada-folds", "-1", "--out", str(tmp_path))
+    res = run_tools("bench", "--shape", "tiny", "--llada-folds", "-1", "--out", str(tmp_path))
     assert res.returncode == 2
-    assert res.stderr.strip() == "docqa: --llada-folds must be 0 (leave-one-out) or more, got -1"
+    assert res.stderr.strip() == "docqa-tools: --llada-folds must be 0 (leave-one-out) or more, got -1"

@@ -7,7 +7,7 @@ import json
 import pytest
 from tokenizers import Tokenizer
 
-from app.random_checkpoint import DREAM_SPECIALS, TinyShape, train_byte_bpe
+from engine.random_checkpoint import DREAM_SPECIALS, TinyShape, train_byte_bpe
 from engine.tokenizer import TokenizerError, encode_prompt, load_tokenizer
 from engine.weights import read_model_config
 

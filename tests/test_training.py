@@ -16,11 +16,11 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from app import ruler
 from app.defaults import BUNDLED_MODEL
-from app.evaluation import EvalRow, heatmap, summarize
-from app.sentences import sentence_starts, split_sentences
+from engine.sentences import sentence_starts, split_sentences
 from engine.weights import load_model, read_model_config
+from tools import ruler
+from tools.evaluation import EvalRow, heatmap, summarize
 from training.tasks import (
     ROLE_ANSWER,
     ROLE_CHUNK,
@@ -161,7 +161,7 @@ def test_ruler_scoring():
 
 
 def test_ruler_samples_follow_the_seed(tmp_path):
-    """`docqa eval-data --seed`: the same seed writes the same samples, another seed others (a
+    """`docqa-tools eval-data --seed`: the same seed writes the same samples, another seed others (a
     held-out set for tuning settings, apart from the seed-42 set the model card reports)."""
     pytest.importorskip("long_context_eval")  # installed by `scripts/install.sh --eval`
     contexts = {}
@@ -225,7 +225,7 @@ def test_oracle_check_answers_over_the_needle_chunks(tmp_path):
     prefilled as exactly its chunks, a score per answer, and a summary per variant."""
     torch.save(_corpus(), tmp_path / "corpus.pt")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run([sys.executable, "-m", "training.oracle_check", "--data", str(tmp_path), "--per-variant",
+    done = subprocess.run([sys.executable, "-m", "tools.oracle_check", "--data", str(tmp_path), "--per-variant",
                            "1", "--out", str(tmp_path / "oracle.json")], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -5,8 +5,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from app.random_checkpoint import TinyShape, write_random_checkpoint
 from engine.config import ConfigError
+from engine.random_checkpoint import TinyShape, write_random_checkpoint
 from engine.weights import INDEX_FILE, CheckpointError, load_model, read_model_config
 
 

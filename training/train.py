@@ -37,12 +37,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from app.random_checkpoint import llada_config_json
 from engine.attention import BACKENDS, dense_mask
 from engine.compiled_layers import compiled_layer_functions
 from engine.config import ModelConfig
 from engine.model import DiffusionLM, LayerFunctions
 from engine.prompting import build_question_prompt
+from engine.random_checkpoint import llada_config_json
 from engine.weights import read_model_config, save_weights
 from training.tasks import NIAH_VARIANT_WEIGHTS, TASK_WEIGHTS, Layout, TaskSampler, attention_mask, collate
 

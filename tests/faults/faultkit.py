@@ -31,7 +31,7 @@ DOC_B = text_doc("One of the special magic numbers for silver-heron is: 4417093.
 
 def cli(*args: str, timeout: float = 600, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     """`docqa ARGS` in a new process, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ui.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env=os.environ | CLI_ENV | (env or {}), stdin=subprocess.DEVNULL,
                           **kw)
 
@@ -39,7 +39,7 @@ def cli(*args: str, timeout: float = 600, env: dict | None = None, **kw) -> subp
 def run(*args: str) -> subprocess.CompletedProcess:
     """`docqa ARGS` in this process: the same code as `cli`, without an interpreter and torch to
     start for each call. `cli` is for what needs a process of its own (a kill, a resource limit)."""
-    from app.cli import main
+    from ui.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

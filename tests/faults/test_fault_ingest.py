@@ -49,7 +49,7 @@ def test_killed_ingest_leaves_nothing_half_stored(library, tmp_path, stage):
     before = library_files(data)
     pdf = tmp_path / "long.pdf"
     pdf.write_bytes(pdf_bytes(24))
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "ingest", str(pdf), "--data-dir", str(data),
+    proc = subprocess.Popen([sys.executable, "-m", "ui.cli", "ingest", str(pdf), "--data-dir", str(data),
                              "--device", "cpu"], cwd=REPO, env=os.environ | CLI_ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 300

@@ -47,7 +47,7 @@ def server(tmp_path_factory, bundled_service_factory):
     del service
     port = _free_port()
     log = open(data.parent / "server.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--data-dir", str(data), "--device", "cpu",
+    proc = subprocess.Popen([sys.executable, "-m", "ui.cli", "serve", "--data-dir", str(data), "--device", "cpu",
                              "--port", str(port), "--max-upload-mb", "1"], cwd=REPO, stdout=log, stderr=log,
                             stdin=subprocess.DEVNULL, env=os.environ | CLI_ENV | {"GRADIO_HEARTBEAT_INTERVAL": "1"})
     url = f"http://127.0.0.1:{port}/"

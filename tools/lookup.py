@@ -4,7 +4,7 @@ Questions come from `training.relations.held_out_samples`: held-out relation fam
 paraphrases and held-out framings, never trained on. Their haystacks are a document source the
 model never saw either: Debian's licence and copyright files (/usr/share/doc/*/copyright, the
 `licences` kind that training.corpus keeps out of training). Each task a file
-`<task>_<length>/validation.jsonl` that `app.ruler.load` reads as it reads RULER's; a list answer
+`<task>_<length>/validation.jsonl` that `tools.ruler.load` reads as it reads RULER's; a list answer
 is scored on all its items, a no-answer question is right when the answer says "not found".
 """
 
@@ -15,7 +15,7 @@ import random
 import re
 from pathlib import Path
 
-from app.ruler import DOC_END, DOC_START
+from tools.ruler import DOC_END, DOC_START
 from training.corpus import normalise, read_maybe_gzipped, source_files
 from training.relations import NOT_FOUND, held_out_samples
 

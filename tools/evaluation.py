@@ -1,4 +1,4 @@
-"""`docqa eval`: RULER tasks through the whole pipeline, per KV mode, with a table and a heatmap.
+"""`docqa-tools eval`: RULER tasks through the whole pipeline, per KV mode, with a table and a heatmap.
 
 Each sample's context is prefilled once (chunked, as the app does) and asked in every mode; `dense`
 feeds the unchunked context, so it shows where full attention fails past the trained length.
@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 
-from app import ruler
 from app.defaults import answer_params, model_defaults
 from app.kv_service import at_stored_precision, chunk_records, tokenize_for_chunks
 from app.prefilter import PREFILTER_ALL, prefilter
@@ -23,6 +22,7 @@ from engine import CACHED_KV_MODES, DocumentKV, Engine
 from engine.kv_cache import take_chunks
 from storage.chunk_index import index_texts, search
 from storage.kv_codec import DEFAULT_KV_ENCODING
+from tools import ruler
 
 
 @dataclass

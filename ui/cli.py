@@ -65,7 +65,7 @@ def _add_question_limits(p: argparse.ArgumentParser) -> None:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from engine.answer import CACHED_KV_MODES, KV_MODES
+    from engine.answer import KV_MODES
     from engine.scoring import SCORERS
 
     parser = argparse.ArgumentParser(prog="docqa", description=__doc__)
@@ -100,36 +100,6 @@ def _build_parser() -> argparse.ArgumentParser:
     ans.add_argument("--position-mode", choices=("continuous", "reuse", "absolute"), default=None)
     ans.add_argument("--scorer", choices=SCORERS, default=None)
     _add_sampling_args(ans)
-
-    ev = sub.add_parser("eval", help="RULER tasks through the pipeline: JSON, markdown table, heatmap")
-    ev.add_argument("--model", type=Path, default=BUNDLED_MODEL)
-    ev.add_argument("--data", type=Path, default=Path(".ruler-data"), help="folder written by eval-data")
-    ev.add_argument("--tasks", nargs="+", default=None)
-    ev.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536, 131072])
-    ev.add_argument("--modes", nargs="+", choices=KV_MODES, default=[*CACHED_KV_MODES, "dense"])
-    ev.add_argument("--max-samples", type=int, default=None, help="per task and length")
-    ev.add_argument("--dense-max-tokens", type=int, default=16384, help="skip dense above this context length")
-    ev.add_argument("--prefilter", type=int, nargs="+", default=[0], metavar="M",
-                    help="BM25 prefilter sizes to run static and joint with (0: every chunk scored), e.g. 0 32 64")
-    ev.add_argument("--bm25-weight", type=float, nargs="+", default=None, metavar="W",
-                    help="score fusion weights to run prefiltered rows with (nats the best BM25 match adds; "
-                         "default: the model's)")
-    ev.add_argument("--kv-at-rest", nargs="+", choices=KV_ENCODINGS, default=[DEFAULT_KV_ENCODING],
-                    help="KV file encodings to answer from (each the same prefill rounded as its files keep it); "
-                         "with bf16 and another, the summary gives how often their answers agree")
-    ev.add_argument("--device", default=None)
-    ev.add_argument("--out", type=Path, default=Path("eval-out"))
-
-    ed = sub.add_parser("eval-data", help="generate RULER and held-out lookup samples with the model's tokenizer "
-                                          "(offline)")
-    ed.add_argument("--model", type=Path, default=BUNDLED_MODEL)
-    ed.add_argument("--out", type=Path, default=Path(".ruler-data"))
-    ed.add_argument("--tasks", nargs="+", default=None)
-    ed.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536, 131072])
-    ed.add_argument("--samples", type=int, default=10)
-    ed.add_argument("--seed", type=int, default=42,
-                    help="RULER's random seed (42: the samples the model card reports; another: held-out samples "
-                         "for tuning settings)")
 
     def service_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--model", type=Path, default=None, help="local checkpoint folder (default: the bundled model)")
@@ -178,31 +148,6 @@ def _build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("repair", help="rebuild a missing or damaged database from its backup and the files")
     rep.add_argument("--data-dir", type=Path, default=Path("docqa-data"), help="where documents and caches live")
 
-    bn = sub.add_parser("bench", help="KV modes side by side on random-weight models at real shapes")
-    bn.add_argument("--shape", choices=("dream-7b", "llada-8b", "tiny"), default="dream-7b")
-    bn.add_argument("--contexts", type=int, nargs="+", default=[8192, 16384, 32768, 65536, 131072])
-    bn.add_argument("--answers", type=int, nargs="+", default=[32, 256])
-    bn.add_argument("--modes", nargs="+", choices=KV_MODES, default=list(KV_MODES))
-    bn.add_argument("--chunk-size", type=int, default=512)
-    bn.add_argument("--top-k", type=int, default=4)
-    bn.add_argument("--dense-budget-s", type=float, default=120.0,
-                    help="above this estimated time, dense runs 2 steps and is extrapolated")
-    bn.add_argument("--device", default=None)
-    bn.add_argument("--scorer", choices=SCORERS, default="draft_self_information",
-                    help="chunk scorer (default: the app's, a draft then the question's likelihood)")
-    bn.add_argument("--llada-folds", type=int, default=4,
-                    help="LLaDA masking folds when scoring; 0: leave-one-out (the app's default, ~8x the rows)")
-    bn.add_argument("--no-compile", action="store_true",
-                    help="run the layers eagerly on CUDA (default: compiled layer halves, every mode)")
-    bn.add_argument("--prefilter", type=_count, nargs="+", default=[0], metavar="M",
-                    help="BM25 candidates static and joint score (0: every chunk), e.g. 0 64")
-    bn.add_argument("--out", type=Path, default=Path("bench-out"))
-
-    mk = sub.add_parser("make-random-model",
-                        help="write a tiny random checkpoint (Dream or LLaDA format) for trying things")
-    mk.add_argument("folder", type=Path)
-    mk.add_argument("--family", choices=("dream", "llada"), default="llada")
-    mk.add_argument("--seed", type=int, default=0)
     return parser
 
 
@@ -279,56 +224,6 @@ def _cmd_answer(args: argparse.Namespace) -> int:
             snippet = engine.tokenizer.decode(doc.tokens[ref.chunk, 1:1 + n].tolist())[:80].replace("\n", " ")
             print(f"  {args.files[ref.document].name} chunk {ref.chunk} (tokens {start}-{start + n}), "
                   f"score {score:.3f}: {snippet}", file=sys.stderr)
-    return EXIT_OK
-
-
-def _cmd_eval_data(args: argparse.Namespace) -> int:
-    from app import lookup, ruler
-
-    tasks = args.tasks or list(ruler.TASKS) + list(lookup.TASKS)
-    unknown = [t for t in tasks if t not in ruler.TASKS and t not in lookup.TASKS]
-    if unknown:
-        raise ValueError(f"unknown task(s) {', '.join(unknown)}; RULER's: {', '.join(ruler.TASKS)}; "
-                         f"held-out lookup: {', '.join(lookup.TASKS)}")
-    held_out = [t for t in tasks if t in lookup.TASKS]
-    if held_out:
-        from engine.tokenizer import load_tokenizer
-        from engine.weights import read_model_config
-
-        tokenizer = load_tokenizer(args.model, read_model_config(args.model))
-        lookup.generate(args.out, tokenizer, held_out, args.lengths, args.samples, seed=args.seed)
-    if len(held_out) < len(tasks):
-        ruler.generate(args.out, args.model, [t for t in tasks if t in ruler.TASKS], args.lengths,
-                       dict.fromkeys(args.lengths, args.samples), seed=args.seed)
-    return EXIT_OK
-
-
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from app import ruler
-    from app.evaluation import evaluate, summarize, write_reports
-    from engine import Engine
-
-    engine = Engine.from_pretrained(args.model, device=args.device)
-    from app import lookup
-    from app.defaults import model_defaults
-
-    samples = ruler.load(args.data, args.tasks or list(ruler.TASKS) + list(lookup.TASKS), args.lengths)
-    if args.max_samples is not None:
-        kept, seen = [], {}
-        for s in samples:
-            seen[(s.task, s.length)] = seen.get((s.task, s.length), 0) + 1
-            if seen[(s.task, s.length)] <= args.max_samples:
-                kept.append(s)
-        samples = kept
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows = evaluate(engine, samples, args.modes, model_defaults(args.model).chunk_size, args.dense_max_tokens,
-                    progress=lambda line: print(line, file=sys.stderr, flush=True), rows_path=args.out / "rows.jsonl",
-                    prefilters=tuple(args.prefilter), encodings=tuple(args.kv_at_rest),
-                    bm25_weights=tuple(args.bm25_weight) if args.bm25_weight else None)
-    write_reports(rows, args.out, {"model": str(args.model), "device": str(engine.device),
-                                   "modes": args.modes, "lengths": args.lengths, "prefilter": args.prefilter,
-                                   "kv_at_rest": args.kv_at_rest, "bm25_weight": args.bm25_weight})
-    print(summarize(rows))
     return EXIT_OK
 
 
@@ -490,48 +385,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    import torch
-
-    from app import bench
-    from engine import ScoringParams
-
-    if args.llada_folds < 0:
-        print(f"docqa: --llada-folds must be 0 (leave-one-out) or more, got {args.llada_folds}", file=sys.stderr)
-        return EXIT_USAGE
-    scoring = ScoringParams(scorer=args.scorer, llada_folds=args.llada_folds or None)
-    rows = bench.run(args.shape, args.contexts, args.answers, args.modes, args.device, args.chunk_size, args.top_k,
-                     args.dense_budget_s, progress=lambda line: print(line, file=sys.stderr, flush=True),
-                     compile_layers=not args.no_compile, scoring=scoring, prefilters=tuple(args.prefilter))
-    meta = {"shape": args.shape, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "torch": torch.__version__, "chunk_size": args.chunk_size, "top_k": args.top_k,
-            "compile_layers": not args.no_compile, "scorer": args.scorer,
-            "llada_folds": args.llada_folds or "leave-one-out", "prefilter": args.prefilter,
-            "rule": "one token committed per step in every mode"}
-    bench.write(rows, args.out, meta)
-    print(bench.table(rows))
-    return EXIT_OK
-
-
-def _cmd_make_random_model(args: argparse.Namespace) -> int:
-    from app.random_checkpoint import write_random_checkpoint
-
-    cfg = write_random_checkpoint(args.folder, args.family, seed=args.seed)
-    print(f"wrote a random {cfg.family} checkpoint ({cfg.num_layers} layers, hidden "
-          f"{cfg.hidden_size}, vocab {cfg.vocab_size}) to {args.folder}. Its weights are random: "
-          "it produces gibberish, and exists to exercise the pipeline.")
-    return EXIT_OK
-
-
-COMMANDS = {"generate": _cmd_generate, "answer": _cmd_answer, "eval": _cmd_eval, "eval-data": _cmd_eval_data,
-            "ingest": _cmd_ingest, "ask": _cmd_ask, "collection": _cmd_collection, "list": _cmd_list,
-            "rm": _cmd_rm, "doctor": _cmd_doctor, "repair": _cmd_repair, "serve": _cmd_serve, "bench": _cmd_bench,
-             "make-random-model": _cmd_make_random_model}
+COMMANDS = {"generate": _cmd_generate, "answer": _cmd_answer, "ingest": _cmd_ingest, "ask": _cmd_ask,
+            "collection": _cmd_collection, "list": _cmd_list, "rm": _cmd_rm, "doctor": _cmd_doctor,
+            "repair": _cmd_repair, "serve": _cmd_serve}
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+    return run(COMMANDS, _build_parser().parse_args(argv), "docqa")
+
+
+def run(commands: dict, args: argparse.Namespace, prog: str) -> int:
+    """Runs `args.command` from `commands`: logging configured here (an entry point), and every
+    error the user can cause answered as one line on stderr with an exit status, never a traceback."""
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     import sqlite3
 
@@ -542,29 +408,29 @@ def main(argv: list[str] | None = None) -> int:
     from storage import StorageError
 
     try:
-        return COMMANDS[args.command](args)
+        return commands[args.command](args)
     except (CheckpointError, ConfigError, TokenizerError) as exc:
-        print(f"docqa: cannot load the model: {exc}", file=sys.stderr)
+        print(f"{prog}: cannot load the model: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except StorageError as exc:
-        print(f"docqa: storage: {exc}", file=sys.stderr)
+        print(f"{prog}: storage: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except QuestionStopped as exc:
-        print(f"docqa: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except sqlite3.DatabaseError as exc:  # damaged while in use (checked at open)
         data_dir = getattr(args, "data_dir", "DATA")
-        print(f"docqa: the library database is damaged ({exc}); run `docqa repair --data-dir {data_dir}`",
+        print(f"{prog}: the library database is damaged ({exc}); run `docqa repair --data-dir {data_dir}`",
               file=sys.stderr)
         return EXIT_ERROR
     except OSError as exc:
-        print(f"docqa: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        print(f"{prog}: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return EXIT_ERROR
     except ValueError as exc:
-        print(f"docqa: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("docqa: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -1,4 +1,4 @@
-"""`docqa bench`: the KV modes side by side on random-weight models at real shapes (no download).
+"""`docqa-tools bench`: the KV modes side by side on random-weight models at real shapes (no download).
 
 For each context length and answer length, every mode answers the same random-token question over
 the same random-token document with the same rule: one token committed per step (LLaDA's schedule
@@ -44,7 +44,7 @@ SHAPES: dict[str, ModelConfig] = {"dream-7b": KNOWN_CONFIGS["dream-7b"], "llada-
                                   "tiny": TINY}
 # The app's scorer (a context-free draft, then the likelihood of question + draft under each chunk).
 # LLaDA's masked likelihood runs 4 strided folds here, not the app's leave-one-out default
-# (one fold per target: about 8x the scoring rows); `docqa bench --llada-folds 0` measures that.
+# (one fold per target: about 8x the scoring rows); `docqa-tools bench --llada-folds 0` measures that.
 BENCH_SCORING = ScoringParams(scorer="draft_self_information", llada_folds=4)
 
 

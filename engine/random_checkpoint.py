@@ -1,6 +1,6 @@
 """Writes small random checkpoints in the exact on-disk formats of Dream and LLaDA.
 
-Used by the tests (parity against transformers, loader errors) and by `docqa make-random-model`
+Used by the tests (parity against transformers, loader errors) and by `docqa-tools make-random-model`
 for trying the pipeline before real weights are at hand. Everything is built offline: the
 tokenizer is a byte-level BPE trained here on a built-in text.
 

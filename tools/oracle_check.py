@@ -1,12 +1,12 @@
 """Reading without selection: needle questions answered over the chunks that hold the needles.
 
-    python -m training.oracle_check --model models/docqa-tiny --per-variant 10
+    python -m tools.oracle_check --model models/docqa-tiny --per-variant 10
 
 Draws NIAH examples as the training does (K chunks, the needles among them, its wording and
 haystacks; a seed the training runs do not use), prefills exactly those chunks and answers in
 `static` mode with the model's defaults. With K chunks and top-K, every chunk is selected, so a
 wrong answer is a reading error (a digit off, a decoy's value, a repeated value), never a
-selection error. RULER scores (`docqa eval`) mix both; this separates them.
+selection error. RULER scores (`docqa-tools eval`) mix both; this separates them.
 """
 
 from __future__ import annotations

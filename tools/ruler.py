@@ -1,8 +1,8 @@
 """RULER tasks through the nvidia-long-context-eval generators, with our tokenizer, offline.
 
 The generators are the package's own scripts, run as subprocesses: `--tokenizer_type hf` points
-them at our model folder, and an `nltk` stand-in on PYTHONPATH (app/ruler_shim) replaces the punkt
-download with `app.sentences.split_sentences`. Each task's template marks where the context starts
+them at our model folder, and an `nltk` stand-in on PYTHONPATH (tools/ruler_shim) replaces the punkt
+download with `engine.sentences.split_sentences`. Each task's template marks where the context starts
 and ends, so every sample splits into the document (prefilled) and the question (asked), the
 question worded exactly as the bundled model was trained to read it.
 """
@@ -114,7 +114,7 @@ def load(data_dir: Path, tasks: list[str], lengths: list[int]) -> list[Sample]:
         for length in lengths:
             path = data_dir / f"{task}_{length}" / "validation.jsonl"
             if not path.exists():
-                raise FileNotFoundError(f"no RULER data for {task} at {length} in {data_dir} (run docqa eval-data)")
+                raise FileNotFoundError(f"no RULER data for {task} at {length} in {data_dir} (run docqa-tools eval-data)")
             for line in path.read_text().splitlines():
                 row = json.loads(line)
                 text = row["input"]

@@ -1,0 +1,172 @@
+"""The `docqa-tools` command line: measurement (benchmarks, the evaluation and its data, random
+checkpoints to try the pipeline with). The product's own commands are `docqa` (ui/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from app.defaults import BUNDLED_MODEL
+from storage.kv_codec import DEFAULT_KV_ENCODING, KV_ENCODINGS
+from ui.cli import EXIT_OK, EXIT_USAGE, _count, run
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    from engine.answer import CACHED_KV_MODES, KV_MODES
+    from engine.scoring import SCORERS
+
+    parser = argparse.ArgumentParser(prog="docqa-tools", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ev = sub.add_parser("eval", help="RULER tasks through the pipeline: JSON, markdown table, heatmap")
+    ev.add_argument("--model", type=Path, default=BUNDLED_MODEL)
+    ev.add_argument("--data", type=Path, default=Path(".ruler-data"), help="folder written by eval-data")
+    ev.add_argument("--tasks", nargs="+", default=None)
+    ev.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536, 131072])
+    ev.add_argument("--modes", nargs="+", choices=KV_MODES, default=[*CACHED_KV_MODES, "dense"])
+    ev.add_argument("--max-samples", type=int, default=None, help="per task and length")
+    ev.add_argument("--dense-max-tokens", type=int, default=16384, help="skip dense above this context length")
+    ev.add_argument("--prefilter", type=int, nargs="+", default=[0], metavar="M",
+                    help="BM25 prefilter sizes to run static and joint with (0: every chunk scored), e.g. 0 32 64")
+    ev.add_argument("--bm25-weight", type=float, nargs="+", default=None, metavar="W",
+                    help="score fusion weights to run prefiltered rows with (nats the best BM25 match adds; "
+                         "default: the model's)")
+    ev.add_argument("--kv-at-rest", nargs="+", choices=KV_ENCODINGS, default=[DEFAULT_KV_ENCODING],
+                    help="KV file encodings to answer from (each the same prefill rounded as its files keep it); "
+                         "with bf16 and another, the summary gives how often their answers agree")
+    ev.add_argument("--device", default=None)
+    ev.add_argument("--out", type=Path, default=Path("eval-out"))
+
+    ed = sub.add_parser("eval-data", help="generate RULER and held-out lookup samples with the model's tokenizer "
+                                          "(offline)")
+    ed.add_argument("--model", type=Path, default=BUNDLED_MODEL)
+    ed.add_argument("--out", type=Path, default=Path(".ruler-data"))
+    ed.add_argument("--tasks", nargs="+", default=None)
+    ed.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536, 131072])
+    ed.add_argument("--samples", type=int, default=10)
+    ed.add_argument("--seed", type=int, default=42,
+                    help="RULER's random seed (42: the samples the model card reports; another: held-out samples "
+                         "for tuning settings)")
+
+    bn = sub.add_parser("bench", help="KV modes side by side on random-weight models at real shapes")
+    bn.add_argument("--shape", choices=("dream-7b", "llada-8b", "tiny"), default="dream-7b")
+    bn.add_argument("--contexts", type=int, nargs="+", default=[8192, 16384, 32768, 65536, 131072])
+    bn.add_argument("--answers", type=int, nargs="+", default=[32, 256])
+    bn.add_argument("--modes", nargs="+", choices=KV_MODES, default=list(KV_MODES))
+    bn.add_argument("--chunk-size", type=int, default=512)
+    bn.add_argument("--top-k", type=int, default=4)
+    bn.add_argument("--dense-budget-s", type=float, default=120.0,
+                    help="above this estimated time, dense runs 2 steps and is extrapolated")
+    bn.add_argument("--device", default=None)
+    bn.add_argument("--scorer", choices=SCORERS, default="draft_self_information",
+                    help="chunk scorer (default: the app's, a draft then the question's likelihood)")
+    bn.add_argument("--llada-folds", type=int, default=4,
+                    help="LLaDA masking folds when scoring; 0: leave-one-out (the app's default, ~8x the rows)")
+    bn.add_argument("--no-compile", action="store_true",
+                    help="run the layers eagerly on CUDA (default: compiled layer halves, every mode)")
+    bn.add_argument("--prefilter", type=_count, nargs="+", default=[0], metavar="M",
+                    help="BM25 candidates static and joint score (0: every chunk), e.g. 0 64")
+    bn.add_argument("--out", type=Path, default=Path("bench-out"))
+
+    mk = sub.add_parser("make-random-model",
+                        help="write a tiny random checkpoint (Dream or LLaDA format) for trying things")
+    mk.add_argument("folder", type=Path)
+    mk.add_argument("--family", choices=("dream", "llada"), default="llada")
+    mk.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _cmd_eval_data(args: argparse.Namespace) -> int:
+    from tools import lookup, ruler
+
+    tasks = args.tasks or list(ruler.TASKS) + list(lookup.TASKS)
+    unknown = [t for t in tasks if t not in ruler.TASKS and t not in lookup.TASKS]
+    if unknown:
+        raise ValueError(f"unknown task(s) {', '.join(unknown)}; RULER's: {', '.join(ruler.TASKS)}; "
+                         f"held-out lookup: {', '.join(lookup.TASKS)}")
+    held_out = [t for t in tasks if t in lookup.TASKS]
+    if held_out:
+        from engine.tokenizer import load_tokenizer
+        from engine.weights import read_model_config
+
+        tokenizer = load_tokenizer(args.model, read_model_config(args.model))
+        lookup.generate(args.out, tokenizer, held_out, args.lengths, args.samples, seed=args.seed)
+    if len(held_out) < len(tasks):
+        ruler.generate(args.out, args.model, [t for t in tasks if t in ruler.TASKS], args.lengths,
+                       dict.fromkeys(args.lengths, args.samples), seed=args.seed)
+    return EXIT_OK
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from app.defaults import model_defaults
+    from engine import Engine
+    from tools import lookup, ruler
+    from tools.evaluation import evaluate, summarize, write_reports
+
+    engine = Engine.from_pretrained(args.model, device=args.device)
+
+    samples = ruler.load(args.data, args.tasks or list(ruler.TASKS) + list(lookup.TASKS), args.lengths)
+    if args.max_samples is not None:
+        kept, seen = [], {}
+        for s in samples:
+            seen[(s.task, s.length)] = seen.get((s.task, s.length), 0) + 1
+            if seen[(s.task, s.length)] <= args.max_samples:
+                kept.append(s)
+        samples = kept
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = evaluate(engine, samples, args.modes, model_defaults(args.model).chunk_size, args.dense_max_tokens,
+                    progress=lambda line: print(line, file=sys.stderr, flush=True), rows_path=args.out / "rows.jsonl",
+                    prefilters=tuple(args.prefilter), encodings=tuple(args.kv_at_rest),
+                    bm25_weights=tuple(args.bm25_weight) if args.bm25_weight else None)
+    write_reports(rows, args.out, {"model": str(args.model), "device": str(engine.device),
+                                   "modes": args.modes, "lengths": args.lengths, "prefilter": args.prefilter,
+                                   "kv_at_rest": args.kv_at_rest, "bm25_weight": args.bm25_weight})
+    print(summarize(rows))
+    return EXIT_OK
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from engine import ScoringParams
+    from tools import bench
+
+    if args.llada_folds < 0:
+        print(f"docqa-tools: --llada-folds must be 0 (leave-one-out) or more, got {args.llada_folds}", file=sys.stderr)
+        return EXIT_USAGE
+    scoring = ScoringParams(scorer=args.scorer, llada_folds=args.llada_folds or None)
+    rows = bench.run(args.shape, args.contexts, args.answers, args.modes, args.device, args.chunk_size, args.top_k,
+                     args.dense_budget_s, progress=lambda line: print(line, file=sys.stderr, flush=True),
+                     compile_layers=not args.no_compile, scoring=scoring, prefilters=tuple(args.prefilter))
+    meta = {"shape": args.shape, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "torch": torch.__version__, "chunk_size": args.chunk_size, "top_k": args.top_k,
+            "compile_layers": not args.no_compile, "scorer": args.scorer,
+            "llada_folds": args.llada_folds or "leave-one-out", "prefilter": args.prefilter,
+            "rule": "one token committed per step in every mode"}
+    bench.write(rows, args.out, meta)
+    print(bench.table(rows))
+    return EXIT_OK
+
+
+def _cmd_make_random_model(args: argparse.Namespace) -> int:
+    from engine.random_checkpoint import write_random_checkpoint
+
+    cfg = write_random_checkpoint(args.folder, args.family, seed=args.seed)
+    print(f"wrote a random {cfg.family} checkpoint ({cfg.num_layers} layers, hidden "
+          f"{cfg.hidden_size}, vocab {cfg.vocab_size}) to {args.folder}. Its weights are random: "
+          "it produces gibberish, and exists to exercise the pipeline.")
+    return EXIT_OK
+
+
+COMMANDS = {"eval": _cmd_eval, "eval-data": _cmd_eval_data, "bench": _cmd_bench,
+            "make-random-model": _cmd_make_random_model}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(COMMANDS, _build_parser().parse_args(argv), "docqa-tools")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

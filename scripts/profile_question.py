@@ -38,7 +38,7 @@ from engine.paged_decode import PagedDecodeCache
 from engine.prefill import PREFILL_TOKEN_BUDGET, prefill_document
 from engine.static_decode import build_static_context
 from engine.weights import random_model
-from tools.bench import BENCH_SCORING, SHAPES, _matmul_flops_per_token, _question
+from tools.bench import BENCH_SCORING, SHAPES, matmul_flops_per_token, random_question
 
 SECTIONS = ("prefill", "scoring", "decode", "kv_build", "first")
 KINDS = [("gemm", r"gemm|gemv|cutlass|sm90|matmul|splitK|nvjet"), ("split_kv", r"split_kv|_merge_kernel"),
@@ -93,7 +93,7 @@ def main() -> None:
     attention = select_backend(dev, dtype)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(8, cfg.vocab_size, (args.context,), generator=gen)
-    prompt = _question(cfg, gen)
+    prompt = random_question(cfg, gen)
     sampling = SamplingParams(decoder="low_confidence", gen_length=args.answer, block_length=min(32, args.answer),
                               steps=args.answer, stop_at_eos=False)
     scoring = BENCH_SCORING
@@ -137,7 +137,7 @@ def _profile_prefill(model, attention, tokens, compiled, args, sync, activities,
     compiled in `--prefill-compile-mode`; one kernel table (`prefill.txt`), whose GEMM time gives
     the matmuls' own rate."""
     cfg, dev = model.cfg, model.embed_tokens.weight.device
-    flops = _matmul_flops_per_token(cfg) * args.context
+    flops = matmul_flops_per_token(cfg) * args.context
     out: dict = {"matmul_tflop": flops / 1e12}
     for budget in (PREFILL_TOKEN_BUDGET, 2 * PREFILL_TOKEN_BUDGET):
         run = partial(prefill_document, model, attention, tokens, args.chunk_size, layer_fns=compiled,
@@ -150,7 +150,7 @@ def _profile_prefill(model, attention, tokens, compiled, args, sync, activities,
     ids = tokens[:b * args.chunk_size].view(b, args.chunk_size).to(dev)
     positions = torch.arange(args.chunk_size, device=dev).expand(b, -1)
     all_valid = torch.ones(b, args.chunk_size, dtype=torch.bool, device=dev)
-    batch_flops = _matmul_flops_per_token(cfg) * ids.numel()
+    batch_flops = matmul_flops_per_token(cfg) * ids.numel()
     variants = [("no_mask", full_mask(), compiled), ("key_valid_mask", full_mask(key_valid=all_valid), compiled)]
     if args.prefill_compile_mode:
         variants.append((args.prefill_compile_mode, full_mask(), _layer_functions_in_mode(args.prefill_compile_mode)))
@@ -195,7 +195,7 @@ def _profile_scoring(model, attention, doc, rows, scoring, draft_args, tokens, a
     one kernel table of compiled scoring by GPU time (`scoring.txt`) and by host time
     (`scoring_cpu.txt`)."""
     out = {}
-    flops = _matmul_flops_per_token(model.cfg) * args.context
+    flops = matmul_flops_per_token(model.cfg) * args.context
     variants = [("eager", None)]
     if model.embed_tokens.weight.is_cuda:
         variants.append(("compiled_dynamic", compiled_layer_functions(dynamic=True)))
@@ -326,7 +326,7 @@ def _profile_first(model, attention, prompt, scoring, sampling, args, sync, acti
         return doc, time.perf_counter() - t
 
     def ask(doc, question=None):
-        question = question or _question(cfg, gen)
+        question = question or random_question(cfg, gen)
         sync()
         t = time.perf_counter()
         result = [e for e in stream_answer(model, attention, None, [doc], question, params, cache)][-1]
@@ -344,7 +344,7 @@ def _profile_first(model, attention, prompt, scoring, sampling, args, sync, acti
         print(name, out[name], flush=True)
     del doc
     doc, out["prefill_c_s"] = prefill()
-    question = _question(cfg, gen)
+    question = random_question(cfg, gen)
     out["profiled_first"] = _profile_once(lambda: ask(doc, question), args.out / "first_question", sync, activities,
                                           sort_by)
     return out

@@ -73,7 +73,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _question(cfg: ModelConfig, gen: torch.Generator) -> QuestionPrompt:
+def random_question(cfg: ModelConfig, gen: torch.Generator) -> QuestionPrompt:
     """A random 30-token query after a fixed 11-token prefix: in the app the prefix (BOS,
     instruction, chat header; engine.prompting) is the same for every question, the query is not."""
     prefix = torch.randint(8, cfg.vocab_size, (10,), generator=torch.Generator().manual_seed(7)).tolist()
@@ -119,7 +119,7 @@ def _warm_up(model, attention, cfg: ModelConfig, modes: list[str], chunk_size: i
     for mode in modes:
         params = AnswerParams(top_k=top_k, kv_mode=mode, sampling=sampling, compile_layers=compile_layers,
                               scoring=scoring)
-        _answer(model, attention, doc, _question(cfg, gen), params, 2 if mode == "dense" else None, cache)
+        _answer(model, attention, doc, random_question(cfg, gen), params, 2 if mode == "dense" else None, cache)
 
 
 def _synthetic_index(num_chunks: int, gen: torch.Generator, words_per_chunk: int = 350, vocabulary: int = 20000):
@@ -150,7 +150,7 @@ def _prefiltered(doc: DocumentKV, conn, question: str, m: int) -> tuple[Document
     return given, time.perf_counter() - start
 
 
-def _matmul_flops_per_token(cfg: ModelConfig) -> float:
+def matmul_flops_per_token(cfg: ModelConfig) -> float:
     """2 x the parameters a token passes through in the layers (attention scores excluded)."""
     attn = cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
     return 2.0 * cfg.num_layers * (attn + 3 * cfg.hidden_size * cfg.intermediate_size)
@@ -175,7 +175,7 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
     rows = []
     for context in contexts:
         tokens = torch.randint(8, cfg.vocab_size, (context,), generator=gen)
-        prompt, second = _question(cfg, gen), _question(cfg, gen)
+        prompt, second = random_question(cfg, gen), random_question(cfg, gen)
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         _sync(dev)
@@ -183,7 +183,7 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
         doc = prefill_document(model, attention, tokens, chunk_size, layer_fns=layer_fns)  # once, for every mode
         _sync(dev)
         prefill_s = time.perf_counter() - t
-        prefill_tflops = _matmul_flops_per_token(cfg) * doc.num_chunks * chunk_size / prefill_s / 1e12
+        prefill_tflops = matmul_flops_per_token(cfg) * doc.num_chunks * chunk_size / prefill_s / 1e12
         progress(f"{shape} prefill ctx {context}: {prefill_s:.3f} s, {prefill_tflops:.0f} TFLOP/s in the matmuls")
         # Its own generator: the tokens and questions of later contexts stay those of a run without it.
         index = _synthetic_index(doc.num_chunks, torch.Generator().manual_seed(context)) if any(prefilters) else None

@@ -114,7 +114,8 @@ def load(data_dir: Path, tasks: list[str], lengths: list[int]) -> list[Sample]:
         for length in lengths:
             path = data_dir / f"{task}_{length}" / "validation.jsonl"
             if not path.exists():
-                raise FileNotFoundError(f"no RULER data for {task} at {length} in {data_dir} (run docqa-tools eval-data)")
+                raise FileNotFoundError(f"no RULER data for {task} at {length} in {data_dir} "
+                                        "(run docqa-tools eval-data)")
             for line in path.read_text().splitlines():
                 row = json.loads(line)
                 text = row["input"]

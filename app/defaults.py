@@ -17,8 +17,8 @@ class ModelDefaults:
     chunk_size: int = 512
     top_k: int = 4
     auto_k: bool = False
-    score_margin: float | None = None  # see engine.scoring.select_within_margin; 0 or None: no margin rule
-    coverage_gain: float | None = None  # see engine.scoring.select_by_coverage; 0 or None: off
+    score_margin: float | None = None  # see engine.method.scoring.select_within_margin; 0 or None: no margin rule
+    coverage_gain: float | None = None  # see engine.method.scoring.select_by_coverage; 0 or None: off
     token_budget: int = 0
     scorer: str = "draft_self_information"
     llada_folds: int | None = None

@@ -19,10 +19,10 @@ import torch
 
 from app.prefilter import prefilter
 from engine import DocumentKV, Engine
-from engine.chunking import ChunkedTokens, token_breaks
-from engine.kv_cache import take_chunks
-from engine.prefill import ProgressFn
-from engine.sentences import sentence_starts
+from engine.method.chunking import ChunkedTokens, token_breaks
+from engine.method.kv_cache import take_chunks
+from engine.method.prefill import ProgressFn
+from engine.method.sentences import sentence_starts
 from storage import ChunkRecord, DocumentStore, KVFileError, KVKey, PageSpan, StorageError, TieredKVPool
 from storage.kv_codec import (
     DEFAULT_KV_ENCODING,
@@ -127,7 +127,7 @@ class DocumentKVService:
         # Tokens a prefill forward holds (None: the engine's default for its device); with the
         # store's shard size, what bounds an ingest's memory.
         self.prefill_tokens = prefill_tokens
-        # Every byte of the checkpoint (engine.weights.model_fingerprint), the files' format and
+        # Every byte of the checkpoint (engine.model.weights.model_fingerprint), the files' format and
         # their encoding: KV kept another way is another cache.
         self.fingerprint = hashlib.sha256(f"{engine.fingerprint}:{KV_FORMAT}:{encoding}".encode()).hexdigest()
         self.prefills = 0  # documents this service prefilled (the pool counts only what it holds)

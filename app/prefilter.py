@@ -58,7 +58,7 @@ def bm25_priors(hits: Sequence[tuple[int, int, float]], candidates: Sequence[Seq
     """Per document and candidate chunk (as `candidate_chunks` gives them), its BM25 relevance as a
     share of the best hit's: 1.0 for the best match, 0.0 for a chunk no question word reached (the
     even fill). hits: (document index, chunk ordinal, FTS5 bm25 score; lower is better, negative
-    for a match). What the predictive score is fused with (engine.scoring.fuse_scores)."""
+    for a match). What the predictive score is fused with (engine.method.scoring.fuse_scores)."""
     relevance = {(d, o): -score for d, o, score in hits if score < 0}
     best = max(relevance.values(), default=0.0)
     return [[relevance.get((d, o), 0.0) / best if best > 0 else 0.0 for o in chosen]

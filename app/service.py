@@ -29,10 +29,10 @@ from app.ingest import IngestError, extract
 from app.kv_service import DocumentKVService
 from app.prefilter import PREFILTER_ALL
 from engine import AnswerParams, AnswerResult, Engine
-from engine.chunking import CONTENT_OFFSET
-from engine.decode import DecodeStep
+from engine.decode.loop import DecodeStep
 from engine.engine import resolve_device
-from engine.weights import cpu_has_native_bf16
+from engine.method.chunking import CONTENT_OFFSET
+from engine.model.weights import cpu_has_native_bf16
 from storage import DocumentRecord, DocumentStore, PageSpan, ResultCache, StorageError, TieredKVPool
 from storage.kv_codec import DEFAULT_KV_ENCODING
 from storage.kv_files import file_sha256
@@ -145,7 +145,7 @@ def _page_label(pages: list, start: int, end: int) -> str:
 def kept_words(text: str, token_spans: list[tuple[int, int]], kept: list[int]) -> list[tuple[str, float | None]]:
     """`text` cut after each run of whitespace into words, each with the largest share of (layer,
     head) pairs that kept one of its tokens. `token_spans` are the content tokens' character spans
-    in `text`; `kept` counts per token slot, the chunk's BOS first (engine.chunking.CONTENT_OFFSET).
+    in `text`; `kept` counts per token slot, the chunk's BOS first (engine.method.chunking.CONTENT_OFFSET).
     Without counts (every token kept) the heat is None."""
     words = [(m.start(), m.end()) for m in re.finditer(r"\s*\S+\s*|\s+", text)]  # leading blanks join the first
     if not kept:

@@ -10,16 +10,14 @@ from pathlib import Path
 
 import torch
 
-from engine.answer import AnswerParams, AnswerResult, stream_answer
 from engine.attention import AttentionBackend, full_mask, select_backend
-from engine.chunking import ChunkedTokens
-from engine.compiled_layers import layer_functions_for
-from engine.config import ModelConfig
-from engine.decode import DecodeStep, dense_decode
-from engine.kv_cache import DocumentKV
-from engine.model import DiffusionLM
-from engine.paged_decode import PagedDecodeCache
-from engine.prefill import (
+from engine.decode.loop import DecodeStep, dense_decode
+from engine.decode.paged import PagedDecodeCache
+from engine.decode.sampling import SamplingParams
+from engine.method.answer import AnswerParams, AnswerResult, stream_answer
+from engine.method.chunking import ChunkedTokens
+from engine.method.kv_cache import DocumentKV
+from engine.method.prefill import (
     PREFILL_TOKEN_BUDGET,
     PrefillBatch,
     ProgressFn,
@@ -28,9 +26,11 @@ from engine.prefill import (
     prefill_batches,
     prefill_document,
 )
-from engine.sampling import SamplingParams
-from engine.tokenizer import encode_prompt, load_tokenizer
-from engine.weights import default_dtype, load_model, model_fingerprint, read_model_config
+from engine.model.compiled_layers import layer_functions_for
+from engine.model.config import ModelConfig
+from engine.model.tokenizer import encode_prompt, load_tokenizer
+from engine.model.transformer import DiffusionLM
+from engine.model.weights import default_dtype, load_model, model_fingerprint, read_model_config
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Engine:
         self.path = path
         # Identifies the checkpoint (config, tokenizer, weights): KV caches are keyed by it.
         self.fingerprint = fingerprint
-        # Prefill with compiled layer halves on CUDA (engine.compiled_layers); questions decide
+        # Prefill with compiled layer halves on CUDA (engine.model.compiled_layers); questions decide
         # for themselves through AnswerParams.compile_layers.
         self.compile_layers = compile_layers
         self.paged_cache = PagedDecodeCache()  # the last question's decode buffers and CUDA graph
@@ -165,9 +165,9 @@ class Engine:
 
     def prefill_stream(self, chunks: ChunkedTokens, progress: ProgressFn | None = None,
                        token_budget: int | None = None) -> Iterator[PrefillBatch]:
-        """The chunks' KV a batch at a time (see engine.prefill.prefill_batches): what a caller
+        """The chunks' KV a batch at a time (see engine.method.prefill.prefill_batches): what a caller
         that writes each batch away uses, so the document's KV is never in memory whole.
-        `token_budget`: tokens a forward holds (default: engine.prefill.default_token_budget)."""
+        `token_budget`: tokens a forward holds (default: engine.method.prefill.default_token_budget)."""
         budget = token_budget if token_budget is not None else default_token_budget(self.device)
         return prefill_batches(self.model, self.attention, chunks, budget,
                                layer_functions_for(self.device, self.compile_layers, dynamic=True), progress)
@@ -184,7 +184,7 @@ class Engine:
                       chunk_priors: Sequence[Sequence[float]] | None = None) -> Iterator[DecodeStep | AnswerResult]:
         """Yields a DecodeStep per denoising step, then the AnswerResult with its trace.
         `interrupt_check` raises to stop the question before decoding; `chunk_priors` (per
-        document, per chunk, in [0, 1]) are fused with the scores (see engine.answer)."""
+        document, per chunk, in [0, 1]) are fused with the scores (see engine.method.answer)."""
         docs = [documents] if isinstance(documents, DocumentKV) else list(documents)
         yield from stream_answer(self.model, self.attention, self.tokenizer, docs, question,
                                  params or AnswerParams(), self.paged_cache, interrupt_check, chunk_priors)

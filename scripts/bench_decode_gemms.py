@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.config import KNOWN_CONFIGS
+from engine.model.config import KNOWN_CONFIGS
 from scripts.skinny_linear import SkinnyPlan, skinny_linear, triton
 
 SMEM_BYTES = 232_448  # an H200 block's shared memory: plans that need more are skipped

@@ -26,9 +26,9 @@ import torch
 
 from app.kv_service import CHUNK_AXIS, OPTIONAL_TENSORS, kv_to_tensors, tensors_to_kv
 from engine.attention import select_backend
-from engine.config import KNOWN_CONFIGS
-from engine.prefill import prefill_document
-from engine.weights import random_model
+from engine.method.prefill import prefill_document
+from engine.model.config import KNOWN_CONFIGS
+from engine.model.weights import random_model
 from storage import ChunkRecord, DocumentStore, KVKey, PageSpan
 from storage.kv_codec import KV_ENCODINGS
 

@@ -34,7 +34,7 @@ from engine.attention.split_kv import (
     split_kv_attention,
     split_kv_reference,
 )
-from engine.rope import rerotate, shift_cos_sin
+from engine.model.rope import rerotate, shift_cos_sin
 
 SHAPES = {"dream-7b": (28, 4), "llada-8b": (32, 32)}
 

@@ -13,10 +13,10 @@ import time
 import torch
 
 from engine.attention import BACKENDS, full_mask
-from engine.config import KNOWN_CONFIGS
-from engine.model import Block
-from engine.rope import rope_cos_sin
-from engine.weights import random_model, random_state_dict
+from engine.model.config import KNOWN_CONFIGS
+from engine.model.rope import rope_cos_sin
+from engine.model.transformer import Block
+from engine.model.weights import random_model, random_state_dict
 
 
 def bf16_error(out: torch.Tensor, ref: torch.Tensor) -> dict:

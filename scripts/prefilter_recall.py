@@ -19,8 +19,8 @@ from transformers import PreTrainedTokenizerFast  # noqa: E402
 from app.defaults import BUNDLED_MODEL  # noqa: E402
 from app.kv_service import chunk_records  # noqa: E402
 from engine import DocumentKV  # noqa: E402
-from engine.chunking import chunk_tokens, token_breaks  # noqa: E402
-from engine.sentences import sentence_starts  # noqa: E402
+from engine.method.chunking import chunk_tokens, token_breaks  # noqa: E402
+from engine.method.sentences import sentence_starts  # noqa: E402
 from tools import ruler  # noqa: E402
 from tools.evaluation import prefiltered  # noqa: E402
 

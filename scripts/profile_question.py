@@ -28,16 +28,16 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import engine.answer as answer_mod
+import engine.method.answer as answer_mod
 from engine import AnswerParams, SamplingParams
-from engine.answer import AnswerResult, stream_answer
 from engine.attention import full_mask, select_backend
-from engine.chunk_scorer import draft_pseudo_labels, score_document, scoring_rows
-from engine.compiled_layers import compiled_layer_functions
-from engine.paged_decode import PagedDecodeCache
-from engine.prefill import PREFILL_TOKEN_BUDGET, prefill_document
-from engine.static_decode import build_static_context
-from engine.weights import random_model
+from engine.decode.paged import PagedDecodeCache
+from engine.decode.static import build_static_context
+from engine.method.answer import AnswerResult, stream_answer
+from engine.method.chunk_scorer import draft_pseudo_labels, score_document, scoring_rows
+from engine.method.prefill import PREFILL_TOKEN_BUDGET, prefill_document
+from engine.model.compiled_layers import compiled_layer_functions
+from engine.model.weights import random_model
 from tools.bench import BENCH_SCORING, SHAPES, matmul_flops_per_token, random_question
 
 SECTIONS = ("prefill", "scoring", "decode", "kv_build", "first")
@@ -175,7 +175,7 @@ def _layer_functions_in_mode(mode: str):
     """Experiment: the halves compiled with torch.compile `mode` (fixed shapes; new functions, so
     dynamo's caches of the app's halves are not touched)."""
     from engine import compiled_layers
-    from engine.model import Block, LayerFunctions
+    from engine.model.transformer import Block, LayerFunctions
 
     def inputs(block, h, cos, sin):
         return block.attention_inputs(h, cos, sin)

@@ -1,4 +1,4 @@
-"""Rewrites a checkpoint's weights in int8 with per-row scales (engine.weights.quantize_int8).
+"""Rewrites a checkpoint's weights in int8 with per-row scales (engine.model.weights.quantize_int8).
 
     python scripts/quantize_weights.py MODEL_DIR OUT_DIR
 
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engine.weights import INDEX_FILE, load_model, save_weights  # noqa: E402
+from engine.model.weights import INDEX_FILE, load_model, save_weights  # noqa: E402
 
 
 def main() -> int:

@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
     # defined), so their indexing, masking and merging are tested on every machine.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from engine.random_checkpoint import write_random_checkpoint  # noqa: E402
+from engine.model.random_checkpoint import write_random_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")

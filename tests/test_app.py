@@ -140,7 +140,7 @@ def test_chunks_keep_a_needle_whole(service):
     """The app cuts chunks at sentence starts: a needle that a fixed 127-token cut would split
     (its key in one chunk, its value in the next, so no chunk answers) stays in one chunk, and
     the question is answered."""
-    from engine.chunking import chunk_starts
+    from engine.method.chunking import chunk_starts
 
     filler = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " * 4
     tok = service.engine.tokenizer
@@ -378,7 +378,7 @@ def test_the_app_runs_bf16_on_a_cpu_that_multiplies_it_natively(tmp_path):
     import torch
 
     from app.service import app_dtype
-    from engine.weights import cpu_has_native_bf16
+    from engine.model.weights import cpu_has_native_bf16
 
     zen4, older = tmp_path / "zen4", tmp_path / "older"
     zen4.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.random_checkpoint import TinyShape, write_random_checkpoint
+from engine.model.random_checkpoint import TinyShape, write_random_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 # Wide KV, cheap layers: 4 layers x 8 KV heads x 64 dims, 16 KB of fp32 KV a token.

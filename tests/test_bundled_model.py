@@ -8,7 +8,7 @@ import pytest
 
 from app.defaults import BUNDLED_MODEL, answer_params, model_defaults
 from engine import Engine
-from engine.weights import read_model_config
+from engine.model.weights import read_model_config
 from training.tasks import REPEAT_HAYSTACK
 
 

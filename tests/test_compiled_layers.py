@@ -1,4 +1,4 @@
-"""The compiled layer halves (engine.compiled_layers) against the eager Block methods they compile.
+"""The compiled layer halves (engine.model.compiled_layers) against the eager Block methods they compile.
 
 On the CPU, Inductor generates C++; on CUDA (marker gpu) Triton. The fused code keeps fp32
 intermediates where eager rounds after every op, so bf16 is compared with a bf16 tolerance.
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from engine import KNOWN_CONFIGS
-from engine.compiled_layers import compiled_layer_functions
-from engine.rope import rope_cos_sin
-from engine.weights import random_model
+from engine.model.compiled_layers import compiled_layer_functions
+from engine.model.rope import rope_cos_sin
+from engine.model.weights import random_model
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2}  # relative to the largest magnitude
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -78,7 +78,7 @@ def test_dynamic_halves_serve_varying_shapes(device):
 
 
 def test_a_compiler_failure_falls_back_to_eager_but_out_of_memory_does_not(caplog):
-    from engine.compiled_layers import _EagerOnFailure
+    from engine.model.compiled_layers import _EagerOnFailure
 
     def broken_compiler(x):
         raise RuntimeError("inductor: no C++ compiler")

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from engine.config import KNOWN_CONFIGS, ConfigError, ModelConfig, model_config_from_hf
-from engine.weights import read_model_config
+from engine.model.config import KNOWN_CONFIGS, ConfigError, ModelConfig, model_config_from_hf
+from engine.model.weights import read_model_config
 
 
 def _dream_json():

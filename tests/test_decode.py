@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import Engine, SamplingParams
-from engine.decode import DecodeStep, dense_decode
+from engine.decode.loop import DecodeStep, dense_decode
 from engine.engine import GenerationResult
 from tests.test_parity_hf import hf_logits, hf_reference
 

@@ -7,10 +7,10 @@ import torch
 
 from engine import Engine
 from engine.attention import BACKENDS, causal_mask, full_mask, reference_attention
-from engine.config import KNOWN_CONFIGS
-from engine.model import Block
-from engine.rope import rope_cos_sin
-from engine.weights import random_state_dict
+from engine.model.config import KNOWN_CONFIGS
+from engine.model.rope import rope_cos_sin
+from engine.model.transformer import Block
+from engine.model.weights import random_state_dict
 from scripts.gpu_foundation_check import bf16_error
 
 pytestmark = pytest.mark.gpu
@@ -112,7 +112,7 @@ def test_captured_draft_and_scoring_replay_like_eager(family, dream_dir, llada_d
     """The draft and scoring graphs the engine keeps, replayed for questions of several lengths
     (two padded sizes, one asked twice), give what eager passes give."""
     from engine import AnswerParams, SamplingParams, ScoringParams
-    from engine.answer import stream_answer
+    from engine.method.answer import stream_answer
 
     folder = dream_dir if family == "dream" else llada_dir
     engine = Engine.from_pretrained(folder, device="cuda", dtype=torch.float32)

@@ -7,17 +7,17 @@ import torch
 
 from engine import AnswerParams, Engine, SamplingParams, ScoringParams
 from engine.attention import BACKENDS, causal_mask, dense_mask, full_mask, segment_mask
-from engine.chunk_scorer import draft_pseudo_labels, draft_rows, score_document, scoring_layout, scoring_rows
-from engine.chunking import chunk_starts, chunk_tokens, token_breaks
-from engine.config import ModelConfig
-from engine.decode import DecodeStep, DenseRunner
-from engine.kv_cache import chunk_deltas, gather_kept_tokens, place_chunks
-from engine.model import AttentionCapture, DiffusionLM
-from engine.prefill import prefill_document
-from engine.prompting import build_question_prompt
-from engine.sampling import prediction_rows
-from engine.scoring import masking_folds
-from engine.static_decode import SelectedChunks, build_joint_context
+from engine.decode.loop import DecodeStep, DenseRunner
+from engine.decode.sampling import prediction_rows
+from engine.decode.static import SelectedChunks, build_joint_context
+from engine.method.chunk_scorer import draft_pseudo_labels, draft_rows, score_document, scoring_layout, scoring_rows
+from engine.method.chunking import chunk_starts, chunk_tokens, token_breaks
+from engine.method.kv_cache import chunk_deltas, gather_kept_tokens, place_chunks
+from engine.method.prefill import prefill_document
+from engine.method.prompting import build_question_prompt
+from engine.method.scoring import masking_folds
+from engine.model.config import ModelConfig
+from engine.model.transformer import AttentionCapture, DiffusionLM
 
 ATTN = BACKENDS["sdpa"]
 
@@ -145,7 +145,7 @@ def test_position_modes_and_short_chunk_gap():
 
 
 def test_kept_tokens_keep_bos_and_respect_budget():
-    from engine.scoring import select_kept_tokens
+    from engine.method.scoring import select_kept_tokens
 
     g = torch.Generator().manual_seed(0)
     relevance = torch.rand(3, 2, 4, 20, generator=g)
@@ -164,7 +164,7 @@ def test_kept_tokens_keep_bos_and_respect_budget():
 
 
 def test_maxpool_smoothing_keeps_neighbours():
-    from engine.scoring import select_kept_tokens
+    from engine.method.scoring import select_kept_tokens
 
     relevance = torch.zeros(1, 1, 1, 30)
     relevance[..., 15] = 1.0  # one hot spot: smoothing spreads it to its neighbours
@@ -464,7 +464,7 @@ def test_token_scores_are_what_the_chunk_score_averages():
 
 
 def test_select_by_coverage_keeps_complementary_chunks_not_decoys():
-    from engine.scoring import select_by_coverage
+    from engine.method.scoring import select_by_coverage
 
     # Question tokens: two of shared wording, then two keys. Chunk 3 explains the wording and the
     # first key (the best); chunk 0 is a decoy (the wording only) that scores above chunk 5,
@@ -517,8 +517,8 @@ def test_pooled_documents_and_k_larger_than_n(engines):
 
 
 def test_pooled_selection_finds_planted_chunk_in_second_document():
-    from engine.answer import _score_all
-    from engine.scoring import select_top_chunks
+    from engine.method.answer import _score_all
+    from engine.method.scoring import select_top_chunks
 
     model = overlap_model("dream")
     question = [10, 11, 12, 13, 14, 15, 16]
@@ -532,7 +532,7 @@ def test_pooled_selection_finds_planted_chunk_in_second_document():
 
 
 def test_auto_top_k_cuts_at_the_largest_drop():
-    from engine.scoring import auto_top_k
+    from engine.method.scoring import auto_top_k
 
     assert auto_top_k(torch.tensor([-1.0, -0.1, -1.1, -0.2, -1.2])) == 2  # -0.2 -> -1.0 is the drop
     assert auto_top_k(torch.tensor([-0.1, -5.0, -5.1]), k_min=2) == 2
@@ -541,7 +541,7 @@ def test_auto_top_k_cuts_at_the_largest_drop():
 
 
 def test_select_within_margin_drops_far_chunks_keeps_the_best_and_document_order():
-    from engine.scoring import select_within_margin
+    from engine.method.scoring import select_within_margin
 
     scores = torch.tensor([-1.5, -0.02, -1.1, -1.6, -0.4, -1.2])
     assert select_within_margin(scores, 4, 0.5).tolist() == [1, 4]  # -1.1 and -1.2 are > 0.5 below
@@ -612,7 +612,7 @@ def test_all_kv_modes_run_with_every_decoder_family(engines, mode):
 
 def test_fastdllm_first_block_step_matches_dense(engines):
     """Fast-dLLM's block-start forward is a full forward, so its first step equals dense's."""
-    from engine.decode import FastDLLMRunner
+    from engine.decode.loop import FastDLLMRunner
 
     engine = engines["dream"]
     prompt = torch.randint(5, 300, (40,), generator=torch.Generator().manual_seed(10))
@@ -626,7 +626,7 @@ def test_fastdllm_first_block_step_matches_dense(engines):
 
 
 def test_the_engine_keeps_one_draft_pass_per_padded_prompt_length(engines):
-    from engine.paged_decode import MAX_QUERY_PASSES, PagedDecodeCache
+    from engine.decode.paged import MAX_QUERY_PASSES, PagedDecodeCache
 
     model, cache = engines["dream"].model, PagedDecodeCache()
     first = cache.draft_pass(model, ATTN, 17, 4, 1, False, None)
@@ -644,7 +644,7 @@ def test_kept_scoring_passes_follow_the_document_kv(engines):
     import gc
     import weakref
 
-    from engine.paged_decode import MAX_SCORING_PASSES, PagedDecodeCache
+    from engine.decode.paged import MAX_SCORING_PASSES, PagedDecodeCache
 
     model, cache, shape = engines["llada"].model, PagedDecodeCache(), (32, 8, 4)
     doc = prefill_document(model, ATTN, _doc_ids(70, 60), chunk_size=16)

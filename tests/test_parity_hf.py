@@ -154,7 +154,7 @@ def test_attention_capture_matches_explicit_probs(engines):
     engine, ref = engines["dream"]
     ids = _ids(engine, 24, seed=5)
     rows = torch.tensor([20, 23])
-    from engine.model import AttentionCapture
+    from engine.model.transformer import AttentionCapture
 
     with torch.no_grad():
         out = engine.model(ids[None], torch.arange(24)[None], full_mask(), engine.attention,

@@ -12,8 +12,8 @@ from app.kv_service import CHUNK_AXIS, OPTIONAL_TENSORS, at_stored_precision, kv
 from app.prefilter import bm25_priors, candidate_chunks
 from app.service import DocQA, ServiceConfig
 from engine import DocumentKV
-from engine.kv_cache import take_chunks
-from engine.scoring import fuse_scores
+from engine.method.kv_cache import take_chunks
+from engine.method.scoring import fuse_scores
 from storage.chunk_index import fts_query, index_texts, query_terms, search
 from storage.kv_codec import FP8, KV_ENCODINGS
 from storage.kv_files import read_kv_chunks, write_kv_shards

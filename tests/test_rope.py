@@ -1,6 +1,6 @@
 import torch
 
-from engine.rope import apply_rope, rerotate, rope_cos_sin, rotate_half
+from engine.model.rope import apply_rope, rerotate, rope_cos_sin, rotate_half
 
 
 def _keys_at(positions, theta=1e4, d=32, seed=0):

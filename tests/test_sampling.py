@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engine.sampling import (
+from engine.decode.sampling import (
     SamplingParams,
     StepPlan,
     answer_is_settled,

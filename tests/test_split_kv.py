@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from engine import KNOWN_CONFIGS, AnswerParams, SamplingParams, ScoringParams
-from engine.answer import AnswerResult, stream_answer
 from engine.attention import select_backend
 from engine.attention.split_kv import (
     PagedKV,
@@ -26,12 +25,13 @@ from engine.attention.split_kv import (
     split_kv_reference,
     triton,
 )
-from engine.kv_cache import place_chunks
-from engine.paged_decode import MAX_QUERY_PASSES, PagedDecodeCache, query_rows
-from engine.prefill import prefill_document
-from engine.prompting import QuestionPrompt
-from engine.rope import shift_cos_sin
-from engine.weights import random_model
+from engine.decode.paged import MAX_QUERY_PASSES, PagedDecodeCache, query_rows
+from engine.method.answer import AnswerResult, stream_answer
+from engine.method.kv_cache import place_chunks
+from engine.method.prefill import prefill_document
+from engine.method.prompting import QuestionPrompt
+from engine.model.rope import shift_cos_sin
+from engine.model.weights import random_model
 
 # The kernel runs on CPU tensors only under Triton's interpreter, which conftest.py turns on where
 # there is no CUDA device; on a GPU machine these cases run on "cuda" instead.

@@ -23,7 +23,7 @@ from app.kv_service import (
     at_stored_precision,
 )
 from engine import DocumentKV, Engine
-from engine.weights import model_fingerprint
+from engine.model.weights import model_fingerprint
 from storage import (
     ChunkRecord,
     DocumentStore,

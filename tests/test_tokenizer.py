@@ -7,9 +7,9 @@ import json
 import pytest
 from tokenizers import Tokenizer
 
-from engine.random_checkpoint import DREAM_SPECIALS, TinyShape, train_byte_bpe
-from engine.tokenizer import TokenizerError, encode_prompt, load_tokenizer
-from engine.weights import read_model_config
+from engine.model.random_checkpoint import DREAM_SPECIALS, TinyShape, train_byte_bpe
+from engine.model.tokenizer import TokenizerError, encode_prompt, load_tokenizer
+from engine.model.weights import read_model_config
 
 TEXTS = ["Hello world <|mask|> 123 it's   ÉTÉ café\n\nnew line", "  leading spaces\tand tabs",
          "Ünïcödé e\u0301 (NFC) 😀 and 3f2a-9c1b"]

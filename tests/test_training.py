@@ -17,8 +17,8 @@ import torch
 from tokenizers import Tokenizer
 
 from app.defaults import BUNDLED_MODEL
-from engine.sentences import sentence_starts, split_sentences
-from engine.weights import load_model, read_model_config
+from engine.method.sentences import sentence_starts, split_sentences
+from engine.model.weights import load_model, read_model_config
 from tools import ruler
 from tools.evaluation import EvalRow, heatmap, summarize
 from training.tasks import (
@@ -324,7 +324,7 @@ def test_pooling_kv_heads_keeps_the_function_when_grouped_heads_agree():
     """GQA conversion: where the KV heads of a group are equal, their mean is each of them, so the
     pooled model (fewer KV heads) computes what the original did; where they differ it does not."""
     from engine.attention import BACKENDS, dense_mask
-    from engine.model import DiffusionLM
+    from engine.model.transformer import DiffusionLM
     from training.train import pool_kv_heads
 
     cfg = dataclasses.replace(model_config(TOK, num_layers=2, hidden_size=384, num_kv_heads=6),

@@ -5,9 +5,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.config import ConfigError
-from engine.random_checkpoint import TinyShape, write_random_checkpoint
-from engine.weights import INDEX_FILE, CheckpointError, load_model, read_model_config
+from engine.model.config import ConfigError
+from engine.model.random_checkpoint import TinyShape, write_random_checkpoint
+from engine.model.weights import INDEX_FILE, CheckpointError, load_model, read_model_config
 
 
 @pytest.fixture
@@ -113,7 +113,7 @@ def test_single_file_llada_with_tied_head(tmp_path):
 def test_fused_projections_compute_what_the_separate_ones_do(family_dir):
     """load_model fuses q/k/v and gate/up; names, state dict and outputs are those of the unfused model."""
     from engine.attention import full_mask, select_backend
-    from engine.model import DiffusionLM
+    from engine.model.transformer import DiffusionLM
 
     _, folder = family_dir
     fused = load_model(folder)
@@ -137,7 +137,7 @@ def test_fused_projections_compute_what_the_separate_ones_do(family_dir):
 
 def test_a_loaded_model_saves_again(family_dir, tmp_path):
     """A loaded model (q/k/v and gate/up are views of fused matrices) saves and loads back unchanged."""
-    from engine.weights import save_weights
+    from engine.model.weights import save_weights
 
     _, folder = family_dir
     model = load_model(folder, dtype=torch.bfloat16)
@@ -164,7 +164,7 @@ def test_kept_kv_of_a_fused_model_owns_its_memory(family_dir):
 
 
 def _int8_copy(folder, out):
-    from engine.weights import save_weights
+    from engine.model.weights import save_weights
 
     model = load_model(folder, dtype=torch.float32)
     shutil.copytree(folder, out, ignore=shutil.ignore_patterns("*.safetensors", INDEX_FILE))
@@ -173,7 +173,7 @@ def _int8_copy(folder, out):
 
 
 def test_int8_weights_load_within_half_a_step_of_the_originals(family_dir, tmp_path):
-    from engine.weights import INT8_SCALE_SUFFIX
+    from engine.model.weights import INT8_SCALE_SUFFIX
 
     family, folder = family_dir
     original = _int8_copy(folder, tmp_path / "int8")
@@ -199,7 +199,7 @@ def test_int8_weights_load_within_half_a_step_of_the_originals(family_dir, tmp_p
 
 
 def test_int8_weights_without_their_scales_are_named(dream_dir, tmp_path):
-    from engine.weights import INT8_SCALE_SUFFIX
+    from engine.model.weights import INT8_SCALE_SUFFIX
 
     _int8_copy(dream_dir, tmp_path / "int8")
     shard = _shards(tmp_path / "int8")[0]

@@ -25,16 +25,16 @@ import torch
 
 from app.prefilter import candidate_chunks
 from engine import CACHED_KV_MODES, KNOWN_CONFIGS, AnswerParams, SamplingParams, ScoringParams
-from engine.answer import stream_answer
 from engine.attention import select_backend
-from engine.compiled_layers import layer_functions_for
-from engine.config import ModelConfig
-from engine.decode import DecodeStep
-from engine.kv_cache import DocumentKV, take_chunks
-from engine.paged_decode import PagedDecodeCache
-from engine.prefill import PREFILL_TOKEN_BUDGET, chunks_per_batch, prefill_document
-from engine.prompting import QuestionPrompt
-from engine.weights import random_model
+from engine.decode.loop import DecodeStep
+from engine.decode.paged import PagedDecodeCache
+from engine.method.answer import stream_answer
+from engine.method.kv_cache import DocumentKV, take_chunks
+from engine.method.prefill import PREFILL_TOKEN_BUDGET, chunks_per_batch, prefill_document
+from engine.method.prompting import QuestionPrompt
+from engine.model.compiled_layers import layer_functions_for
+from engine.model.config import ModelConfig
+from engine.model.weights import random_model
 from storage.chunk_index import index_texts, search
 
 TINY = replace(KNOWN_CONFIGS["llada-8b"], vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
@@ -75,7 +75,7 @@ def _sync(device: torch.device) -> None:
 
 def random_question(cfg: ModelConfig, gen: torch.Generator) -> QuestionPrompt:
     """A random 30-token query after a fixed 11-token prefix: in the app the prefix (BOS,
-    instruction, chat header; engine.prompting) is the same for every question, the query is not."""
+    instruction, chat header; engine.method.prompting) is the same for every question, the query is not."""
     prefix = torch.randint(8, cfg.vocab_size, (10,), generator=torch.Generator().manual_seed(7)).tolist()
     query = torch.randint(8, cfg.vocab_size, (30,), generator=gen).tolist()
     return QuestionPrompt(prefix_ids=[cfg.bos_token_id] + prefix, query_ids=query, question_span=(2, 26))

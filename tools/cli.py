@@ -13,8 +13,8 @@ from ui.cli import EXIT_OK, EXIT_USAGE, _count, run
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from engine.answer import CACHED_KV_MODES, KV_MODES
-    from engine.scoring import SCORERS
+    from engine.method.answer import CACHED_KV_MODES, KV_MODES
+    from engine.method.scoring import SCORERS
 
     parser = argparse.ArgumentParser(prog="docqa-tools", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
@@ -88,8 +88,8 @@ def _cmd_eval_data(args: argparse.Namespace) -> int:
                          f"held-out lookup: {', '.join(lookup.TASKS)}")
     held_out = [t for t in tasks if t in lookup.TASKS]
     if held_out:
-        from engine.tokenizer import load_tokenizer
-        from engine.weights import read_model_config
+        from engine.model.tokenizer import load_tokenizer
+        from engine.model.weights import read_model_config
 
         tokenizer = load_tokenizer(args.model, read_model_config(args.model))
         lookup.generate(args.out, tokenizer, held_out, args.lengths, args.samples, seed=args.seed)
@@ -151,7 +151,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_make_random_model(args: argparse.Namespace) -> int:
-    from engine.random_checkpoint import write_random_checkpoint
+    from engine.model.random_checkpoint import write_random_checkpoint
 
     cfg = write_random_checkpoint(args.folder, args.family, seed=args.seed)
     print(f"wrote a random {cfg.family} checkpoint ({cfg.num_layers} layers, hidden "

@@ -19,7 +19,7 @@ from app.defaults import answer_params, model_defaults
 from app.kv_service import at_stored_precision, chunk_records, tokenize_for_chunks
 from app.prefilter import PREFILTER_ALL, prefilter
 from engine import CACHED_KV_MODES, DocumentKV, Engine
-from engine.kv_cache import take_chunks
+from engine.method.kv_cache import take_chunks
 from storage.chunk_index import index_texts, search
 from storage.kv_codec import DEFAULT_KV_ENCODING
 from tools import ruler

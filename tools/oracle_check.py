@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 
 from app.defaults import answer_params, model_defaults
 from engine import Engine
-from engine.weights import read_model_config
+from engine.model.weights import read_model_config
 from training.tasks import NIAH_VARIANT_WEIGHTS
 from training.train import CHUNK_SIZE, make_layout, task_sampler
 

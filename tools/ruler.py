@@ -2,7 +2,7 @@
 
 The generators are the package's own scripts, run as subprocesses: `--tokenizer_type hf` points
 them at our model folder, and an `nltk` stand-in on PYTHONPATH (tools/ruler_shim) replaces the punkt
-download with `engine.sentences.split_sentences`. Each task's template marks where the context starts
+download with `engine.method.sentences.split_sentences`. Each task's template marks where the context starts
 and ends, so every sample splits into the document (prefilled) and the question (asked), the
 question worded exactly as the bundled model was trained to read it.
 """

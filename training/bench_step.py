@@ -4,7 +4,7 @@
 
 Batches are drawn beforehand by the training's own sampler (last curriculum stage) and moved to
 the GPU, so the timing is the step alone: forward, backward, clipping, AdamW. Variants: the layer
-halves eager or compiled (engine.compiled_layers), each with SDPA free to pick its kernel or held
+halves eager or compiled (engine.model.compiled_layers), each with SDPA free to pick its kernel or held
 to one (`efficient`, `cudnn`, `flash`, `math`). Prints and writes `bench_step.json` (median, mean
 and worst ms a step, training tokens/s at the median) and, per variant, a kernel table of one
 profiled step (`<variant>.txt`).
@@ -24,9 +24,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
-from engine.compiled_layers import compiled_layer_functions
-from engine.model import DiffusionLM
-from engine.weights import load_model, read_model_config
+from engine.model.compiled_layers import compiled_layer_functions
+from engine.model.transformer import DiffusionLM
+from engine.model.weights import load_model, read_model_config
 from training.tasks import NIAH_VARIANT_WEIGHTS, TASK_WEIGHTS, collate
 from training.train import CHUNK_SIZE, CURRICULUM, diffusion_loss, make_layout, task_sampler
 

@@ -23,8 +23,8 @@ import torch
 import wonderwords
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from engine.random_checkpoint import LLADA_CHAT_TEMPLATE, LLADA_SPECIALS
-from engine.sentences import split_sentences
+from engine.method.sentences import split_sentences
+from engine.model.random_checkpoint import LLADA_CHAT_TEMPLATE, LLADA_SPECIALS
 from training.sentence_questions import questions_for
 
 VOCAB_SIZE = 8192

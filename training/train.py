@@ -16,7 +16,7 @@ On several GPUs of one host, data parallel (each GPU its own data stream, gradie
 
     torchrun --standalone --nproc-per-node 2 -m training.train ...   # --batch-size is per GPU
 
-On CUDA the layers' halves around attention are compiled (engine.compiled_layers; `--no-compile`
+On CUDA the layers' halves around attention are compiled (engine.model.compiled_layers; `--no-compile`
 runs them eagerly): a 384-wide model is otherwise bound by kernel launches, not arithmetic.
 """
 
@@ -38,12 +38,12 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from engine.attention import BACKENDS, dense_mask
-from engine.compiled_layers import compiled_layer_functions
-from engine.config import ModelConfig
-from engine.model import DiffusionLM, LayerFunctions
-from engine.prompting import build_question_prompt
-from engine.random_checkpoint import llada_config_json
-from engine.weights import read_model_config, save_weights
+from engine.method.prompting import build_question_prompt
+from engine.model.compiled_layers import compiled_layer_functions
+from engine.model.config import ModelConfig
+from engine.model.random_checkpoint import llada_config_json
+from engine.model.transformer import DiffusionLM, LayerFunctions
+from engine.model.weights import read_model_config, save_weights
 from training.tasks import NIAH_VARIANT_WEIGHTS, TASK_WEIGHTS, Layout, TaskSampler, attention_mask, collate
 
 CHUNK_SIZE = 128
@@ -272,7 +272,7 @@ def main() -> None:
     step, elapsed_before, curve = 0, 0.0, []
     earlier_runs = []  # the runs these weights descend from (docqa.json's training.runs)
     if args.init_from is not None:
-        from engine.weights import load_model
+        from engine.model.weights import load_model
 
         start_state = load_model(args.init_from, device=device, dtype=torch.float32).state_dict()
         if args.pool_kv_heads is not None:

@@ -14,7 +14,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    from engine.sampling import DECODERS
+    from engine.decode.sampling import DECODERS
 
     g = p.add_argument_group("decoding")
     g.add_argument("--decoder", choices=DECODERS, default=None, help="default: the model's, else threshold")
@@ -65,8 +65,8 @@ def _add_question_limits(p: argparse.ArgumentParser) -> None:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from engine.answer import KV_MODES
-    from engine.scoring import SCORERS
+    from engine.method.answer import KV_MODES
+    from engine.method.scoring import SCORERS
 
     parser = argparse.ArgumentParser(prog="docqa", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
@@ -155,7 +155,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
     from engine import Engine, SamplingParams
-    from engine.decode import DecodeStep
+    from engine.decode.loop import DecodeStep
 
     params = SamplingParams(decoder=args.decoder or "threshold", gen_length=args.gen_length or 64,
                             block_length=args.block_length or 32, steps=args.steps,
@@ -192,7 +192,7 @@ def _cmd_answer(args: argparse.Namespace) -> int:
     from app.defaults import answer_params, model_defaults
     from app.kv_service import prefill_text
     from engine import Engine
-    from engine.decode import DecodeStep
+    from engine.decode.loop import DecodeStep
 
     if args.top_k is not None and args.top_k != "auto" and not args.top_k.isdigit():
         raise ValueError(f"--top-k must be a number or 'auto', not {args.top_k!r}")
@@ -402,9 +402,9 @@ def run(commands: dict, args: argparse.Namespace, prog: str) -> int:
     import sqlite3
 
     from app.service import QuestionStopped
-    from engine.config import ConfigError
-    from engine.tokenizer import TokenizerError
-    from engine.weights import CheckpointError
+    from engine.model.config import ConfigError
+    from engine.model.tokenizer import TokenizerError
+    from engine.model.weights import CheckpointError
     from storage import StorageError
 
     try:

@@ -41,7 +41,7 @@ class PagedKV:
     v_pages: torch.Tensor  # [N, Hkv, C, D]
     page_ids: torch.Tensor  # [K] int32, the chunk index of each page slot
     token_ids: torch.Tensor  # [K, Hkv, B] int32, kept offsets within the page; -1 = padding
-    rot_cos: torch.Tensor | None  # [K, D/2] fp32, `engine.rope.shift_cos_sin` of each page's start
+    rot_cos: torch.Tensor | None  # [K, D/2] fp32, `engine.model.rope.shift_cos_sin` of each page's start
     rot_sin: torch.Tensor | None  # [K, D/2] fp32
     k_tail: torch.Tensor  # [Hkv, T_cap, D] keys after RoPE at their final positions
     v_tail: torch.Tensor  # [Hkv, T_cap, D]

@@ -1,4 +1,4 @@
-from engine.sentences import split_sentences
+from engine.method.sentences import split_sentences
 
 
 def sent_tokenize(text, language="english"):

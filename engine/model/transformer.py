@@ -2,7 +2,7 @@
 
 Pre-norm blocks: RMSNorm (fp32 normalise, cast, then times the weight), attention with rotate-half
 RoPE and GQA, SwiGLU MLP. Family differences are config fields (q/k/v bias, RoPE precision, tied
-head), never forks. Parameter names follow HF Qwen2/Llama; `engine.weights` maps checkpoints onto
+head), never forks. Parameter names follow HF Qwen2/Llama; `engine.model.weights` maps checkpoints onto
 them.
 
 The forward pass takes explicit per-token positions, a `MaskSpec`, optional past KV to attend to,
@@ -22,8 +22,8 @@ from torch import nn
 
 from engine.attention import AttentionBackend, MaskSpec, attention_probs
 from engine.attention.masks import select_query_rows
-from engine.config import ModelConfig
-from engine.rope import apply_rope, rope_cos_sin
+from engine.model.config import ModelConfig
+from engine.model.rope import apply_rope, rope_cos_sin
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]  # (keys after RoPE, values), each [B, Hkv, T, D]
 
@@ -109,7 +109,7 @@ class SelfAttention(nn.Module):
         """Attention of q over [past | new keys] -> (out [B, Hq, T, D], fp32 probs of the captured rows)."""
         scale = self.cfg.head_dim ** -0.5
         if isinstance(past, AttendingCache):
-            # A cache that runs its own attention (engine.paged_decode: pages read in place and
+            # A cache that runs its own attention (engine.decode.paged: pages read in place and
             # the new KV written into it); it covers the whole key set, so no mask applies.
             assert capture_rows is None, "attention capture needs a concatenated past"
             return past.attend(q, k, v, scale), None
@@ -186,7 +186,7 @@ class Block(nn.Module):
 @dataclass(frozen=True)
 class LayerFunctions:
     """How a Block runs its two halves around attention: the eager methods, or compiled versions of
-    them (engine.compiled_layers). Both take the Block as their first argument."""
+    them (engine.model.compiled_layers). Both take the Block as their first argument."""
 
     attention_inputs: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     finish: Callable[..., torch.Tensor]

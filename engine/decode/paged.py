@@ -1,14 +1,14 @@
 """Static decoding on the GPU fast path: split-KV attention over the document's chunk pages, the
 answer's KV written in place, and one captured CUDA graph per question for the block forward.
 
-It computes what `engine.static_decode.StaticRunner` computes (the same attention structure, see
+It computes what `engine.decode.static.StaticRunner` computes (the same attention structure, see
 that module), but nothing is gathered or concatenated per step: every layer attends to
 - the selected chunks, read in place from the document's cache (`engine.attention.split_kv`), and
 - a preallocated tail [prefix | question | answer slots], where each block forward writes the
   active block's KV into its own slots; a finished block's refresh writes its final KV there once.
 Tensor shapes never change within an answer, so one block forward is captured as a CUDA graph and
 replayed at every step (inputs copied into static buffers; no host synchronisation inside). The
-layers' halves around attention may run compiled (`engine.compiled_layers`), which fuses their
+layers' halves around attention may run compiled (`engine.model.compiled_layers`), which fuses their
 elementwise work.
 
 The question's own pass runs over the same pages and tail (`QueryPass`): its rows, padded to a
@@ -35,14 +35,14 @@ from engine.attention.split_kv import (
     split_kv_attention,
     split_kv_reference,
 )
-from engine.chunk_scorer import DraftPass, ScoringPass, draft_rows
 from engine.cuda_graphs import GraphedCall
-from engine.decode import slot_logits_from_rows
-from engine.kv_cache import DocumentKV
-from engine.model import AttendingCache, DiffusionLM, LayerFunctions, LayerKV
-from engine.rope import shift_cos_sin
-from engine.sampling import prediction_rows
-from engine.static_decode import SelectedChunks
+from engine.decode.loop import slot_logits_from_rows
+from engine.decode.sampling import prediction_rows
+from engine.decode.static import SelectedChunks
+from engine.method.chunk_scorer import DraftPass, ScoringPass, draft_rows
+from engine.method.kv_cache import DocumentKV
+from engine.model.rope import shift_cos_sin
+from engine.model.transformer import AttendingCache, DiffusionLM, LayerFunctions, LayerKV
 
 
 def _write_and_attend(kv: PagedKV, plan: SplitPlan, slots: torch.Tensor, use_kernel: bool, q: torch.Tensor,
@@ -350,7 +350,7 @@ class PagedDecodeCache:
 
 
 class PagedStaticRunner:
-    """A StepRunner (see engine.decode) over a PagedContext."""
+    """A StepRunner (see engine.decode.loop) over a PagedContext."""
 
     def __init__(self, model: DiffusionLM, attention: AttentionBackend, ctx: PagedContext, block_length: int,
                  use_graph: bool, layer_fns: LayerFunctions | None = None,

@@ -7,7 +7,7 @@ slots until none is left, stop once an end token is settled. Where the logits co
   Dream / LLaDA samplers run; the `dense` baseline);
 - `FastDLLMRunner`: Fast-dLLM's dual cache, one full forward at each block start, then only the
   block's tokens against the cached prompt and suffix KV (the `fastdllm` baseline);
-- `engine.static_decode.StaticRunner`: the method, decoding over static cached chunk KV.
+- `engine.decode.static.StaticRunner`: the method, decoding over static cached chunk KV.
 All share the same rule, so their step counts are comparable.
 """
 
@@ -20,9 +20,7 @@ from typing import Protocol
 import torch
 
 from engine.attention import AttentionBackend, full_mask
-from engine.config import ModelConfig
-from engine.model import DiffusionLM, LayerFunctions
-from engine.sampling import (
+from engine.decode.sampling import (
     SamplingParams,
     StepPlan,
     answer_is_settled,
@@ -30,6 +28,8 @@ from engine.sampling import (
     cut_at_stop,
     prediction_rows,
 )
+from engine.model.config import ModelConfig
+from engine.model.transformer import DiffusionLM, LayerFunctions
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 `model_config_from_hf` turns a Hugging Face `config.json` (plus the generation config and the
 tokenizer's special tokens, when known) into a `ModelConfig`. It is a pure function of dicts; reading
-the files is `engine.weights.read_model_config`'s job.
+the files is `engine.model.weights.read_model_config`'s job.
 
 Families (see shared/docs/reference/MODELS.md):
 - "dream" (`model_type` "Dream"): Qwen2 field names, q/k/v biases, logits **shifted** (the token at

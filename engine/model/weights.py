@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.config import ModelConfig, model_config_from_hf
-from engine.model import DiffusionLM
+from engine.model.config import ModelConfig, model_config_from_hf
+from engine.model.transformer import DiffusionLM
 
 logger = logging.getLogger(__name__)
 

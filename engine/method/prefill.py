@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import AttentionBackend, full_mask
-from engine.chunking import ChunkedTokens, chunk_tokens
-from engine.config import ModelConfig
-from engine.kv_cache import DocumentKV
-from engine.model import DiffusionLM, LayerFunctions
+from engine.method.chunking import ChunkedTokens, chunk_tokens
+from engine.method.kv_cache import DocumentKV
+from engine.model.config import ModelConfig
+from engine.model.transformer import DiffusionLM, LayerFunctions
 
 ProgressFn = Callable[[int, int], None]  # (chunks done, chunks total)
 PREFILL_TOKEN_BUDGET = 16384  # tokens one prefill forward holds, by default
@@ -79,9 +79,9 @@ def prefill_document(model: DiffusionLM, attention: AttentionBackend,
     """Encodes a document's content tokens into per-chunk KV, all of it in memory.
 
     Chunks are `[BOS] + at most C-1 content tokens` (cut at sentence starts when `breaks` gives
-    them, see `engine.chunking.chunk_tokens`), batched by `prefill_batches`. The KV lands in one
+    them, see `engine.method.chunking.chunk_tokens`), batched by `prefill_batches`. The KV lands in one
     preallocated `[L, N, Hkv, C, D]` buffer on `out_device` (default: the model's device).
-    `layer_fns`: the layers' halves around attention (default eager; see engine.compiled_layers).
+    `layer_fns`: the layers' halves around attention (default eager; see engine.model.compiled_layers).
     """
     cfg = model.cfg
     device = model.embed_tokens.weight.device

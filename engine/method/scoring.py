@@ -1,6 +1,6 @@
 """Chunk relevance, selection and token sparsity as pure functions of tensors.
 
-The model passes that produce the logits and attention live in `engine.chunk_scorer`; everything
+The model passes that produce the logits and attention live in `engine.method.chunk_scorer`; everything
 here is arithmetic on their outputs, testable with hand-made tensors.
 """
 

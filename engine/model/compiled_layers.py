@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.model import Block, LayerFunctions
+from engine.model.transformer import Block, LayerFunctions
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.rope import rerotate
+from engine.model.rope import rerotate
 
 POSITION_MODES = ("continuous", "reuse", "absolute")
 

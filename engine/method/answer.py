@@ -15,21 +15,26 @@ import torch
 
 from engine.attention import AttentionBackend, full_mask
 from engine.attention.split_kv import kernel_native, kernel_usable
-from engine.chunk_scorer import (
+from engine.decode.loop import DecodeStep, DenseRunner, FastDLLMRunner, run_blocks
+from engine.decode.paged import PagedDecodeCache, PagedStaticRunner, build_paged_context, query_rows
+from engine.decode.sampling import SamplingParams
+from engine.decode.static import (
+    FixedContext,
+    SelectedChunks,
+    StaticRunner,
+    build_joint_context,
+    build_static_context,
+)
+from engine.method.chunk_scorer import (
     ScoringParams,
     chunk_relevance,
     draft_pseudo_labels,
     score_document,
     scoring_rows,
 )
-from engine.compiled_layers import layer_functions_for
-from engine.decode import DecodeStep, DenseRunner, FastDLLMRunner, run_blocks
-from engine.kv_cache import POSITION_MODES, DocumentKV, chunk_deltas, gather_kept_tokens
-from engine.model import DiffusionLM, LayerFunctions
-from engine.paged_decode import PagedDecodeCache, PagedStaticRunner, build_paged_context, query_rows
-from engine.prompting import DEFAULT_INSTRUCTION, QuestionPrompt, build_question_prompt
-from engine.sampling import SamplingParams
-from engine.scoring import (
+from engine.method.kv_cache import POSITION_MODES, DocumentKV, chunk_deltas, gather_kept_tokens
+from engine.method.prompting import DEFAULT_INSTRUCTION, QuestionPrompt, build_question_prompt
+from engine.method.scoring import (
     LIKELIHOOD_SCORERS,
     auto_top_k,
     fuse_scores,
@@ -38,13 +43,8 @@ from engine.scoring import (
     select_top_chunks,
     select_within_margin,
 )
-from engine.static_decode import (
-    FixedContext,
-    SelectedChunks,
-    StaticRunner,
-    build_joint_context,
-    build_static_context,
-)
+from engine.model.compiled_layers import layer_functions_for
+from engine.model.transformer import DiffusionLM, LayerFunctions
 
 # The modes that read the documents' cached chunk KV (and so score and select chunks), then the
 # baselines that run over the whole text with no chunking.
@@ -60,15 +60,15 @@ class AnswerParams:
     auto_k: bool = False  # pick K at the largest score drop, within [1, max_auto_k]
     max_auto_k: int = 8
     # Leave out selected chunks scoring more than this below the best (None: no margin rule; with
-    # coverage_gain None too, all K are kept); see engine.scoring.select_within_margin.
+    # coverage_gain None too, all K are kept); see engine.method.scoring.select_within_margin.
     score_margin: float | None = None
     # Keep only chunks that add to what the kept ones explain of the question, by more than this
     # (nats a target token; None: off), or that score within score_margin of the best; see
-    # engine.scoring.select_by_coverage. Likelihood scorers only.
+    # engine.method.scoring.select_by_coverage. Likelihood scorers only.
     coverage_gain: float | None = None
     token_budget: int = 0  # B tokens kept per chunk, layer and KV head; 0 keeps all
     # Nats a chunk's prior relevance in [0, 1] (`chunk_priors` of stream_answer) is worth when it is
-    # added to its score before selection (engine.scoring.fuse_scores); 0: the scorer alone.
+    # added to its score before selection (engine.method.scoring.fuse_scores); 0: the scorer alone.
     prior_weight: float = 0.0
     pool_kernel: int = 7
     kv_mode: str = "static"
@@ -83,7 +83,7 @@ class AnswerParams:
     # and concatenated (the reference route); "auto" = paged wherever it runs natively (CUDA with
     # Triton, one document already on the GPU, no re-selection), else contiguous.
     static_layout: str = "auto"
-    # On CUDA, run the layers' halves around attention compiled (engine.compiled_layers) in every
+    # On CUDA, run the layers' halves around attention compiled (engine.model.compiled_layers) in every
     # forward of a question; the first question in a process pays the compilation (seconds).
     compile_layers: bool = True
 

@@ -9,7 +9,7 @@
    Score = mean log-likelihood of the question's tokens and the committed draft tokens.
    The same pass records the attention mass the last W query rows put on each chunk's BOS.
 3. Token relevance (only for the selected chunks): per layer and KV head, how much attention the
-   last W query rows pay to each chunk token; `engine.scoring.select_kept_tokens` turns it into
+   last W query rows pay to each chunk token; `engine.method.scoring.select_kept_tokens` turns it into
    the top-B kept tokens.
 """
 
@@ -23,11 +23,10 @@ import torch
 
 from engine.attention import AttentionBackend, dense_mask, full_mask
 from engine.cuda_graphs import GraphedCall
-from engine.decode import slot_logits_from_rows
-from engine.kv_cache import DocumentKV
-from engine.model import AttentionCapture, DiffusionLM, LayerFunctions
-from engine.sampling import propose
-from engine.scoring import (
+from engine.decode.loop import slot_logits_from_rows
+from engine.decode.sampling import propose
+from engine.method.kv_cache import DocumentKV
+from engine.method.scoring import (
     LIKELIHOOD_SCORERS,
     SCORERS,
     causal_target_rows,
@@ -36,6 +35,7 @@ from engine.scoring import (
     masking_folds,
     mean_over_targets,
 )
+from engine.model.transformer import AttentionCapture, DiffusionLM, LayerFunctions
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class DocumentScores:
     scores: torch.Tensor  # [N] fp32
     anchors: torch.Tensor  # [N, L] fp32: attention mass on the chunk's BOS, window rows, mean over heads
     # [N, T] fp32: log p of each scored target token given the chunk (the likelihood scorers; None
-    # for the others); `scores` is their mean. engine.scoring.select_by_coverage reads them.
+    # for the others); `scores` is their mean. engine.method.scoring.select_by_coverage reads them.
     token_scores: torch.Tensor | None = None
 
 
@@ -164,7 +164,7 @@ def draft_pseudo_labels(model: DiffusionLM, attention: AttentionBackend, prompt_
                         rows: int | None = None) -> Draft:
     """Context-free guess of the answer's first tokens: [prefix, query] + D mask slots, the R + 1
     most confident committed (eager; `rows`: pad the prompt to this many rows, default its length).
-    Engines keep a `DraftPass` per padded length instead (engine.paged_decode.PagedDecodeCache)."""
+    Engines keep a `DraftPass` per padded length instead (engine.decode.paged.PagedDecodeCache)."""
     draft = DraftPass(model, attention, rows or len(prompt_ids), slots, rounds, False, layer_fns)
     return draft(prompt_ids)
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import AttentionBackend, full_mask
-from engine.decode import block_logits
-from engine.kv_cache import flatten_chunks, gather_kept_tokens, place_chunks
-from engine.model import AttentionCapture, DiffusionLM, LayerFunctions, LayerKV
-from engine.prompting import QuestionPrompt
-from engine.sampling import prediction_rows
+from engine.decode.loop import block_logits
+from engine.decode.sampling import prediction_rows
+from engine.method.kv_cache import flatten_chunks, gather_kept_tokens, place_chunks
+from engine.method.prompting import QuestionPrompt
+from engine.model.transformer import AttentionCapture, DiffusionLM, LayerFunctions, LayerKV
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from engine.config import ModelConfig
-from engine.weights import random_state_dict, save_weights
+from engine.model.config import ModelConfig
+from engine.model.weights import random_state_dict, save_weights
 
 # Qwen2's pre-tokenizer split pattern (contractions, letters, single digits, punctuation, spaces).
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"

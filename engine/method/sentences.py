@@ -42,7 +42,7 @@ def split_sentences(text: str) -> list[str]:
 
 def sentence_starts(text: str) -> list[int]:
     """Character offsets where a sentence or a paragraph begins (not the text's start), sorted:
-    where a document's chunks are best cut (`engine.chunking.chunk_tokens`)."""
+    where a document's chunks are best cut (`engine.method.chunking.chunk_tokens`)."""
     starts = {next_start for _, next_start in _boundaries(text)}
     starts.update(match.end() for match in _PARAGRAPH.finditer(text))
     return sorted(s for s in starts if 0 < s < len(text))

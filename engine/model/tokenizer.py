@@ -15,7 +15,7 @@ from pathlib import Path
 
 import transformers
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,2 @@
+"""The model: config, weights and their loading, tokenizer, the transformer, RoPE, compiled layers,
+random checkpoints."""

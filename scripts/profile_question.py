@@ -174,7 +174,7 @@ def _profile_prefill(model, attention, tokens, compiled, args, sync, activities,
 def _layer_functions_in_mode(mode: str):
     """Experiment: the halves compiled with torch.compile `mode` (fixed shapes; new functions, so
     dynamo's caches of the app's halves are not touched)."""
-    from engine import compiled_layers
+    from engine.model import compiled_layers
     from engine.model.transformer import Block, LayerFunctions
 
     def inputs(block, h, cos, sin):

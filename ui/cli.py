@@ -66,6 +66,7 @@ def _add_question_limits(p: argparse.ArgumentParser) -> None:
 
 def _build_parser() -> argparse.ArgumentParser:
     from engine.method.answer import KV_MODES
+    from engine.method.kv_cache import POSITION_MODES
     from engine.method.scoring import SCORERS
 
     parser = argparse.ArgumentParser(prog="docqa", description=__doc__)
@@ -97,7 +98,7 @@ def _build_parser() -> argparse.ArgumentParser:
                           "of the question (0: off; both rules off keep all K; default: the model's)")
     ans.add_argument("--token-budget", type=int, default=None, help="tokens kept per chunk and head (0: all)")
     ans.add_argument("--kv-mode", choices=KV_MODES, default=None)
-    ans.add_argument("--position-mode", choices=("continuous", "reuse", "absolute"), default=None)
+    ans.add_argument("--position-mode", choices=POSITION_MODES, default=None)
     ans.add_argument("--scorer", choices=SCORERS, default=None)
     _add_sampling_args(ans)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from app.defaults import BUNDLED_MODEL
 from storage.kv_codec import DEFAULT_KV_ENCODING, KV_ENCODINGS
-from ui.cli import EXIT_OK, EXIT_USAGE, _count, run
+from ui.cli import EXIT_OK, EXIT_USAGE, non_negative_int, run
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -66,7 +66,7 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="LLaDA masking folds when scoring; 0: leave-one-out (the app's default, ~8x the rows)")
     bn.add_argument("--no-compile", action="store_true",
                     help="run the layers eagerly on CUDA (default: compiled layer halves, every mode)")
-    bn.add_argument("--prefilter", type=_count, nargs="+", default=[0], metavar="M",
+    bn.add_argument("--prefilter", type=non_negative_int, nargs="+", default=[0], metavar="M",
                     help="BM25 candidates static and joint score (0: every chunk), e.g. 0 64")
     bn.add_argument("--out", type=Path, default=Path("bench-out"))
 

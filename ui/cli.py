@@ -43,7 +43,7 @@ def _positive(kind):
     return parse
 
 
-def _count(text: str) -> int:
+def non_negative_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -59,7 +59,7 @@ def _add_question_limits(p: argparse.ArgumentParser) -> None:
                    help="refuse longer questions (default 512)")
     p.add_argument("--request-timeout", type=_positive(float), default=None,
                    help="seconds a question may hold the model before it is stopped (default 300)")
-    p.add_argument("--prefilter-chunks", type=_count, default=None, metavar="M",
+    p.add_argument("--prefilter-chunks", type=non_negative_int, default=None, metavar="M",
                    help="chunks the scorer sees, the best M by BM25; 0 scores every chunk (default: the model's; "
                         "the bundled model's: 64 on a GPU, 32 on a CPU)")
 

@@ -293,8 +293,7 @@ class TaskSampler:
         LOOKUP_NOT_FOUND_SHARE) the asked one is not: the answer is then "not found"."""
         r, sp = self.rng, self.split
         family = r.choice(sp.train_families)
-        others = [relations.draw_fact(r.choice(sp.train_families), r) for _ in range(r.randint(0, k))]
-        return self._lookup_example(k, family, sp.train_wordings(family), others)
+        return self._lookup_example(k, family, sp.train_wordings(family), most_others=k)
 
     def lookup_generated(self, k: int) -> Example:
         """The lookup task over generated families (`relations.generated_family`): thousands of
@@ -304,13 +303,14 @@ class TaskSampler:
         r = self.rng
         family = relations.generated_family(r.choice(self.generated_relations), r)
         same_subject = relations.generated_family(r.choice(self.generated_relations), r)
-        others = [relations.draw_fact(r.choice(self.split.train_families), r) for _ in range(r.randint(0, k - 1))]
-        return self._lookup_example(k, family, (family.question, *family.paraphrases), others,
+        return self._lookup_example(k, family, (family.question, *family.paraphrases), most_others=k - 1,
                                     same_subject_family=same_subject)
 
-    def _lookup_example(self, k: int, family: relations.Family, wordings: tuple[str, ...],
-                        others: list[relations.Fact],
+    def _lookup_example(self, k: int, family: relations.Family, wordings: tuple[str, ...], most_others: int,
                         same_subject_family: relations.Family | None = None) -> Example:
+        """`family`'s fact (or "not found"), its other subject, and up to `most_others` facts of
+        training families, in k chunks of real text. The draws keep the order runs 12-13 made them
+        in, so a seed gives the lookup task the stream it gave then."""
         r, sp = self.rng, self.split
         asked = relations.draw_fact(family, r)
         other = relations.draw_fact(family, r)
@@ -321,7 +321,7 @@ class TaskSampler:
         if same_subject_family is not None:
             facts.append(relations.Fact(same_subject_family, asked.subject,
                                         relations.value(same_subject_family.value_kind, r)))
-        facts += others
+        facts += [relations.draw_fact(r.choice(sp.train_families), r) for _ in range(r.randint(0, most_others))]
         per_chunk: list[list[list[int]]] = [[] for _ in range(k)]
         for i, fact in enumerate(facts):  # at most two facts in a chunk, so that they fit
             slot = r.randrange(k) if i < k else i % k

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from engine.attention import AttentionBackend, full_mask, select_backend
-from engine.decode.loop import DecodeStep, dense_decode
-from engine.decode.paged import PagedDecodeCache
+from engine.decode.baselines import dense_decode
+from engine.decode.loop import DecodeStep
 from engine.decode.sampling import SamplingParams
 from engine.method.answer import AnswerParams, AnswerResult, stream_answer
 from engine.method.chunking import ChunkedTokens
@@ -26,11 +26,11 @@ from engine.method.prefill import (
     prefill_batches,
     prefill_document,
 )
-from engine.model.compiled_layers import layer_functions_for
 from engine.model.config import ModelConfig
 from engine.model.tokenizer import encode_prompt, load_tokenizer
 from engine.model.transformer import DiffusionLM
 from engine.model.weights import default_dtype, load_model, model_fingerprint, read_model_config
+from engine.runner import Runner
 
 logger = logging.getLogger(__name__)
 
@@ -59,38 +59,43 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 class Engine:
     """A diffusion LM ready to run: `Engine.from_pretrained(folder)`."""
 
-    def __init__(self, model: DiffusionLM, tokenizer, attention: AttentionBackend,
-                 path: Path | None = None, fingerprint: str = "", compile_layers: bool = True) -> None:
-        self.model = model
+    def __init__(self, runner: Runner, tokenizer, path: Path | None = None, fingerprint: str = "") -> None:
+        # The model at work: its weights, attention backend and layer halves, and the passes (and
+        # captured graphs) one question leaves for the next.
+        self.runner = runner
         self.tokenizer = tokenizer
-        self.attention = attention
         self.path = path
         # Identifies the checkpoint (config, tokenizer, weights): KV caches are keyed by it.
         self.fingerprint = fingerprint
-        # Prefill with compiled layer halves on CUDA (engine.model.compiled_layers); questions decide
-        # for themselves through AnswerParams.compile_layers.
-        self.compile_layers = compile_layers
-        self.paged_cache = PagedDecodeCache()  # the last question's decode buffers and CUDA graph
+
+    @property
+    def model(self) -> DiffusionLM:
+        return self.runner.model
+
+    @property
+    def attention(self) -> AttentionBackend:
+        return self.runner.attention
 
     @property
     def config(self) -> ModelConfig:
-        return self.model.cfg
+        return self.runner.cfg
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        return self.runner.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        return self.runner.dtype
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device | None = None,
                         dtype: torch.dtype | None = None, attention: str | None = None,
-                        fingerprint_cache: Path | None = None) -> Engine:
+                        fingerprint_cache: Path | None = None, compile_layers: bool = True) -> Engine:
         """Loads a local Dream / LLaDA-format folder. bf16 on GPU, fp32 on CPU unless `dtype`.
         `fingerprint_cache`: where the weight files' digests are kept between runs (see
-        `model_fingerprint`); without one they are hashed at every load."""
+        `model_fingerprint`); without one they are hashed at every load. `compile_layers`: the
+        layers' halves around attention run compiled on CUDA (engine.model.compiled_layers)."""
         path = Path(path)
         dev = resolve_device(device)
         dtype = dtype or default_dtype(dev)
@@ -99,7 +104,8 @@ class Engine:
         model = load_model(path, cfg, dev, dtype)
         backend = select_backend(dev, dtype, override=attention)
         logger.info("engine ready: %s on %s (%s), attention=%s", path, dev, dtype, backend.name)
-        return cls(model, tokenizer, backend, path, model_fingerprint(path, fingerprint_cache))
+        runner = Runner.for_model(model, backend, compile_layers)
+        return cls(runner, tokenizer, path, model_fingerprint(path, fingerprint_cache))
 
     @torch.inference_mode()
     def logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -111,9 +117,8 @@ class Engine:
             position_ids = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
         elif position_ids.dim() == 1:
             position_ids = position_ids[None].expand_as(input_ids)
-        out = self.model(input_ids, position_ids.to(self.device), full_mask(), self.attention,
-                         logits_rows="all", return_kv=False)
-        return out.logits
+        return self.runner.forward(input_ids, position_ids.to(self.device), full_mask(), logits_rows="all",
+                                   return_kv=False).logits
 
     def encode(self, prompt_or_messages: str | list[dict[str, str]],
                use_chat_template: bool = True) -> list[int]:
@@ -133,7 +138,7 @@ class Engine:
             raise ValueError("the prompt is empty")
         generator = torch.Generator(device=self.device).manual_seed(params.seed)
         start = time.perf_counter()
-        outcome = yield from dense_decode(self.model, self.attention, torch.tensor(ids), params, generator)
+        outcome = yield from dense_decode(self.runner, torch.tensor(ids), params, generator)
         text = self.tokenizer.decode(outcome.answer_ids, skip_special_tokens=True)
         yield GenerationResult(text=text, answer_ids=outcome.answer_ids, prompt_tokens=len(ids),
                                steps=outcome.steps, forward_passes=outcome.forward_passes,
@@ -155,8 +160,7 @@ class Engine:
                 out_device: torch.device | str | None = None, breaks: Sequence[int] | None = None) -> DocumentKV:
         """Encodes a document's tokens into BOS-prefixed per-chunk KV ([L, N, Hkv, C, D]); `breaks`:
         token indices where sentences begin, where chunks are cut when they can be."""
-        return prefill_document(self.model, self.attention, token_ids, chunk_size, progress, token_budget, out_device,
-                                layer_functions_for(self.device, self.compile_layers, dynamic=True), breaks)
+        return prefill_document(self.runner, token_ids, chunk_size, progress, token_budget, out_device, breaks)
 
     def chunk(self, token_ids: torch.Tensor | list[int], chunk_size: int,
               breaks: Sequence[int] | None = None) -> ChunkedTokens:
@@ -169,8 +173,7 @@ class Engine:
         that writes each batch away uses, so the document's KV is never in memory whole.
         `token_budget`: tokens a forward holds (default: engine.method.prefill.default_token_budget)."""
         budget = token_budget if token_budget is not None else default_token_budget(self.device)
-        return prefill_batches(self.model, self.attention, chunks, budget,
-                               layer_functions_for(self.device, self.compile_layers, dynamic=True), progress)
+        return prefill_batches(self.runner, chunks, budget, progress)
 
     def prefill_text(self, text: str, chunk_size: int, progress: ProgressFn | None = None) -> DocumentKV:
         """Tokenizes plain text (no special tokens) and prefills it (fixed cuts; the app cuts at
@@ -186,8 +189,8 @@ class Engine:
         `interrupt_check` raises to stop the question before decoding; `chunk_priors` (per
         document, per chunk, in [0, 1]) are fused with the scores (see engine.method.answer)."""
         docs = [documents] if isinstance(documents, DocumentKV) else list(documents)
-        yield from stream_answer(self.model, self.attention, self.tokenizer, docs, question,
-                                 params or AnswerParams(), self.paged_cache, interrupt_check, chunk_priors)
+        yield from stream_answer(self.runner, self.tokenizer, docs, question, params or AnswerParams(),
+                                 interrupt_check, chunk_priors)
 
     def answer(self, documents: DocumentKV | list[DocumentKV], question: str,
                params: AnswerParams | None = None,

@@ -28,16 +28,24 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import engine.method.answer as answer_mod
 from engine import AnswerParams, SamplingParams
 from engine.attention import full_mask, select_backend
-from engine.decode.paged import PagedDecodeCache
 from engine.decode.static import build_static_context
-from engine.method.answer import AnswerResult, stream_answer
-from engine.method.chunk_scorer import draft_pseudo_labels, score_document, scoring_rows
+from engine.method.answer import (
+    AnswerResult,
+    AnswerTrace,
+    answer_decoder,
+    chunk_pool,
+    gather_selected,
+    score_chunks,
+    select_chunks,
+    stream_answer,
+)
+from engine.method.chunk_scorer import draft_pseudo_labels, kept_draft_pass, score_document, scoring_rows
 from engine.method.prefill import PREFILL_TOKEN_BUDGET, prefill_document
-from engine.model.compiled_layers import compiled_layer_functions
+from engine.model.compiled_layers import EagerOnFailure
 from engine.model.weights import random_model
+from engine.runner import Runner
 from tools.bench import BENCH_SCORING, SHAPES, matmul_flops_per_token, random_question
 
 SECTIONS = ("prefill", "scoring", "decode", "kv_build", "first")
@@ -89,8 +97,9 @@ def main() -> None:
     sort_by = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     cfg = SHAPES[args.shape]
-    model = random_model(cfg, dev, dtype)
-    attention = select_backend(dev, dtype)
+    # As an engine runs it: compiled halves on CUDA; `eager` shares the weights with eager halves.
+    runner = Runner.for_model(random_model(cfg, dev, dtype), select_backend(dev, dtype))
+    eager = Runner(runner.model, runner.attention)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(8, cfg.vocab_size, (args.context,), generator=gen)
     prompt = random_question(cfg, gen)
@@ -102,46 +111,45 @@ def main() -> None:
                      "torch": torch.__version__, "variants": {}}
 
     if args.decode_compile_mode:
-        _compile_decode_with(args.decode_compile_mode)
+        # The decode step's fixed-shape halves compiled in another mode; the other passes as the app runs them.
+        runner = Runner(runner.model, runner.attention, fixed_layers=_layer_functions_in_mode(args.decode_compile_mode),
+                        dynamic_layers=runner.dynamic_layers)
         summary["decode_compile_mode"] = args.decode_compile_mode
-    compiled = compiled_layer_functions(dynamic=True) if dev.type == "cuda" else None
-    draft_args = (model, attention, prompt.prefix_ids + prompt.query_ids, scoring.draft_slots, scoring.draft_rounds)
-    draft = draft_pseudo_labels(*draft_args, layer_fns=compiled)
+    prompt_ids = prompt.prefix_ids + prompt.query_ids
+    draft = draft_pseudo_labels(runner, prompt_ids, scoring.draft_slots, scoring.draft_rounds)
     rows = scoring_rows(prompt.query_ids, prompt.question_span, draft, scoring.window, cfg.logits_shifted)
     if "prefill" in args.sections:
-        summary["prefill"] = _profile_prefill(model, attention, tokens, compiled, args, sync, activities, sort_by)
+        summary["prefill"] = _profile_prefill(runner, tokens, args, sync, activities, sort_by)
         print("prefill", json.dumps(summary["prefill"], indent=1), flush=True)
-    doc = prefill_document(model, attention, tokens, args.chunk_size, layer_fns=compiled)
+    doc = prefill_document(runner, tokens, args.chunk_size)
     if "scoring" in args.sections:
-        summary["scoring"] = _profile_scoring(model, attention, doc, rows, scoring, draft_args, tokens, args, sync,
+        summary["scoring"] = _profile_scoring(runner, eager, doc, rows, scoring, prompt_ids, tokens, args, sync,
                                               activities, sort_by)
         print("scoring", json.dumps(summary["scoring"], indent=1), flush=True)
     if "decode" in args.sections:
-        summary["variants"] = _profile_decode(model, attention, doc, prompt, scoring, sampling, args, sync,
+        summary["variants"] = _profile_decode(runner, eager, doc, prompt, scoring, sampling, args, sync,
                                               activities, sort_by)
     if "kv_build" in args.sections:
-        summary["kv_build"] = _profile_kv_build(model, attention, doc, prompt, rows, scoring, sampling, args, sync,
+        summary["kv_build"] = _profile_kv_build(runner, doc, prompt, rows, scoring, sampling, args, sync,
                                                 activities, sort_by)
         print("kv_build", json.dumps(summary["kv_build"], indent=1), flush=True)
     if "first" in args.sections:
         del doc
-        summary["first"] = _profile_first(model, attention, prompt, scoring, sampling, args, sync, activities,
-                                          sort_by)
+        summary["first"] = _profile_first(runner, prompt, scoring, sampling, args, sync, activities, sort_by)
         print("first", json.dumps(summary["first"], indent=1), flush=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
 
 
-def _profile_prefill(model, attention, tokens, compiled, args, sync, activities, sort_by) -> dict:
+def _profile_prefill(runner: Runner, tokens, args, sync, activities, sort_by) -> dict:
     """The one-time chunked prefill: timed as the engine runs it, with other token budgets, one
     full batch with and without a key mask (whole chunks need none), optionally with the halves
     compiled in `--prefill-compile-mode`; one kernel table (`prefill.txt`), whose GEMM time gives
     the matmuls' own rate."""
-    cfg, dev = model.cfg, model.embed_tokens.weight.device
+    cfg, dev = runner.cfg, runner.device
     flops = matmul_flops_per_token(cfg) * args.context
     out: dict = {"matmul_tflop": flops / 1e12}
     for budget in (PREFILL_TOKEN_BUDGET, 2 * PREFILL_TOKEN_BUDGET):
-        run = partial(prefill_document, model, attention, tokens, args.chunk_size, layer_fns=compiled,
-                      token_budget=budget)
+        run = partial(prefill_document, runner, tokens, args.chunk_size, token_budget=budget)
         run()  # shapes of this budget compiled and allocated
         s = _seconds(run, sync, 3)
         out[f"budget_{budget}"] = {"s": s, "tflops": flops / s / 1e12}
@@ -151,11 +159,13 @@ def _profile_prefill(model, attention, tokens, compiled, args, sync, activities,
     positions = torch.arange(args.chunk_size, device=dev).expand(b, -1)
     all_valid = torch.ones(b, args.chunk_size, dtype=torch.bool, device=dev)
     batch_flops = matmul_flops_per_token(cfg) * ids.numel()
-    variants = [("no_mask", full_mask(), compiled), ("key_valid_mask", full_mask(key_valid=all_valid), compiled)]
+    variants = [("no_mask", full_mask(), runner), ("key_valid_mask", full_mask(key_valid=all_valid), runner)]
     if args.prefill_compile_mode:
-        variants.append((args.prefill_compile_mode, full_mask(), _layer_functions_in_mode(args.prefill_compile_mode)))
-    for name, mask, fns in variants:
-        forward = partial(model, ids, positions, mask, attention, return_kv=True, layer_fns=fns)
+        in_mode = Runner(runner.model, runner.attention,
+                         dynamic_layers=_layer_functions_in_mode(args.prefill_compile_mode))
+        variants.append((args.prefill_compile_mode, full_mask(), in_mode))
+    for name, mask, variant in variants:
+        forward = partial(variant.forward, ids, positions, mask)
         t = time.perf_counter()
         forward()
         sync()
@@ -163,8 +173,8 @@ def _profile_prefill(model, attention, tokens, compiled, args, sync, activities,
         s = _seconds(forward, sync, 5)
         out[f"batch_{name}"] = {"ms": 1000 * s, "tflops": batch_flops / s / 1e12, "first_call_s": first}
         print("prefill batch", name, out[f"batch_{name}"], flush=True)
-    prof = _profile_once(partial(prefill_document, model, attention, tokens, args.chunk_size, layer_fns=compiled),
-                         args.out / "prefill", sync, activities, sort_by)
+    prof = _profile_once(partial(prefill_document, runner, tokens, args.chunk_size), args.out / "prefill", sync,
+                         activities, sort_by)
     gemm_ms = prof["by_kind"].get("gemm", {}).get("ms_per_step", 0.0)
     prof["gemm_tflops"] = flops / (gemm_ms / 1000) / 1e12 if gemm_ms else None
     out["profile"] = prof
@@ -174,7 +184,6 @@ def _profile_prefill(model, attention, tokens, compiled, args, sync, activities,
 def _layer_functions_in_mode(mode: str):
     """Experiment: the halves compiled with torch.compile `mode` (fixed shapes; new functions, so
     dynamo's caches of the app's halves are not touched)."""
-    from engine.model import compiled_layers
     from engine.model.transformer import Block, LayerFunctions
 
     def inputs(block, h, cos, sin):
@@ -184,44 +193,32 @@ def _layer_functions_in_mode(mode: str):
         return block.finish(h, attn)
 
     return LayerFunctions(
-        compiled_layers._EagerOnFailure(torch.compile(inputs, dynamic=False, fullgraph=True, mode=mode),
-                                        Block.attention_inputs),
-        compiled_layers._EagerOnFailure(torch.compile(finish, dynamic=False, fullgraph=True, mode=mode), Block.finish))
+        EagerOnFailure(torch.compile(inputs, dynamic=False, fullgraph=True, mode=mode), Block.attention_inputs),
+        EagerOnFailure(torch.compile(finish, dynamic=False, fullgraph=True, mode=mode), Block.finish))
 
 
-def _profile_scoring(model, attention, doc, rows, scoring, draft_args, tokens, args, sync, activities,
+def _profile_scoring(runner: Runner, eager: Runner, doc, rows, scoring, prompt_ids, tokens, args, sync, activities,
                      sort_by) -> dict:
     """Draft and scoring timed with eager and compiled (dynamic-shape) layer halves, prefill too;
     one kernel table of compiled scoring by GPU time (`scoring.txt`) and by host time
     (`scoring_cpu.txt`)."""
     out = {}
-    flops = matmul_flops_per_token(model.cfg) * args.context
-    variants = [("eager", None)]
-    if model.embed_tokens.weight.is_cuda:
-        variants.append(("compiled_dynamic", compiled_layer_functions(dynamic=True)))
-    for name, fns in variants:
+    flops = matmul_flops_per_token(runner.cfg) * args.context
+    variants = [("eager", eager)] + ([("compiled_dynamic", runner)] if runner.compiled else [])
+    for name, variant in variants:
         t = time.perf_counter()
-        score_document(model, attention, doc, rows, scoring, layer_fns=fns)
+        score_document(variant, doc, rows, scoring, keep_passes=False)
         first = time.perf_counter() - t
-        prefill_s = _seconds(partial(prefill_document, model, attention, tokens, args.chunk_size, layer_fns=fns),
-                             sync, 2)
-        draft_s = _seconds(partial(draft_pseudo_labels, *draft_args, layer_fns=fns), sync, 5)
-        scoring_s = _seconds(partial(score_document, model, attention, doc, rows, scoring, layer_fns=fns), sync, 5)
+        prefill_s = _seconds(partial(prefill_document, variant, tokens, args.chunk_size), sync, 2)
+        draft_s = _seconds(partial(draft_pseudo_labels, variant, prompt_ids, scoring.draft_slots, scoring.draft_rounds),
+                           sync, 5)
+        scoring_s = _seconds(partial(score_document, variant, doc, rows, scoring, keep_passes=False), sync, 5)
         out[name] = {"first_scoring_s": first, "prefill_s": prefill_s, "prefill_tflops": flops / prefill_s / 1e12,
                      "draft_s": draft_s, "scoring_s": scoring_s, "scored_rows": doc.num_chunks * rows.ids.numel()}
         print(name, out[name], flush=True)
-    fns = variants[-1][1]
     # As the engine runs them: passes kept across questions (captured graphs on CUDA).
-    cache = PagedDecodeCache()
-    on_cuda = model.embed_tokens.weight.is_cuda
-    prompt_ids = draft_args[2]
-    draft_pass = cache.draft_pass(model, attention, len(prompt_ids), scoring.draft_slots, scoring.draft_rounds,
-                                  on_cuda, fns)
-
-    def passes(d, ranges, shape):
-        return cache.scoring_passes(model, attention, d, ranges, shape, fns)
-
-    kept = partial(score_document, model, attention, doc, rows, scoring, fns, passes)
+    draft_pass = kept_draft_pass(runner, len(prompt_ids), scoring.draft_slots, scoring.draft_rounds)
+    kept = partial(score_document, runner, doc, rows, scoring)
     t = time.perf_counter()
     draft_pass(prompt_ids)
     kept()
@@ -230,28 +227,29 @@ def _profile_scoring(model, attention, doc, rows, scoring, draft_args, tokens, a
                           "draft_s": _seconds(partial(draft_pass, prompt_ids), sync, 5),
                           "scoring_s": _seconds(kept, sync, 5)}
     print("kept_passes", out["kept_passes"], flush=True)
-    out.update(_profile_once(partial(score_document, model, attention, doc, rows, scoring, layer_fns=fns),
+    out.update(_profile_once(partial(score_document, runner, doc, rows, scoring, keep_passes=False),
                              args.out / "scoring", sync, activities, sort_by))
     return out
 
 
-def _profile_decode(model, attention, doc, prompt, scoring, sampling, args, sync, activities, sort_by) -> dict:
+def _profile_decode(runner: Runner, eager: Runner, doc, prompt, scoring, sampling, args, sync, activities,
+                    sort_by) -> dict:
     """Decode steps with eager and with compiled layer halves: phases of a whole question, then one
     kernel table of its steps (`<variant>.txt`)."""
     variants = {}
-    for variant, compiled in (("eager_layers", False), ("compiled_layers", True)):
-        params = AnswerParams(top_k=args.top_k, scoring=scoring, sampling=sampling, compile_layers=compiled)
+    params = AnswerParams(top_k=args.top_k, scoring=scoring, sampling=sampling)
+    for variant, variant_runner in (("eager_layers", eager), ("compiled_layers", runner)):
         t = time.perf_counter()
         for _ in range(2):
-            result = [e for e in stream_answer(model, attention, None, [doc], prompt, params)][-1]
+            result = [e for e in stream_answer(variant_runner, None, [doc], prompt, params)][-1]
         warm_s = time.perf_counter() - t
         sync()
         t = time.perf_counter()
-        result = [e for e in stream_answer(model, attention, None, [doc], prompt, params)][-1]
+        result = [e for e in stream_answer(variant_runner, None, [doc], prompt, params)][-1]
         sync()
         total = time.perf_counter() - t
         assert isinstance(result, AnswerResult)
-        events = stream_answer(model, attention, None, [doc], prompt, params)
+        events = stream_answer(variant_runner, None, [doc], prompt, params)
         next(events)  # everything up to and including the first step
         sync()
         prof = profile(activities=activities)
@@ -273,30 +271,24 @@ def _profile_decode(model, attention, doc, prompt, scoring, sampling, args, sync
     return variants
 
 
-def _profile_kv_build(model, attention, doc, prompt, rows, scoring, sampling, args, sync, activities, sort_by) -> dict:
+def _profile_kv_build(runner: Runner, doc, prompt, rows, scoring, sampling, args, sync, activities, sort_by) -> dict:
     """The kv_build phase of a cached question (paged route, buffers reused), timed whole and by part
     (`static_context_ms`: what the contiguous route builds instead), and one kernel table of it
     (`kv_build.txt`): how much is GPU work and how much host time."""
     params = AnswerParams(top_k=args.top_k, scoring=scoring, sampling=sampling)
-    layer_fns = compiled_layer_functions(dynamic=True) if model.embed_tokens.weight.is_cuda else None
-    scored = score_document(model, attention, doc, rows, scoring, layer_fns)
-    chosen = answer_mod._select(scored.scores, scored.token_scores, params)
-    pool = answer_mod._pool([doc])
+    chosen = select_chunks(score_chunks(runner, [doc], rows, scoring), None, params)
+    pool = chunk_pool([doc])
     refs = [pool[i] for i in chosen.tolist()]
-    trace = answer_mod.AnswerTrace(candidates=pool, scores=[], selected=refs, selected_scores=[], kept_tokens=[],
-                                   anchors_scoring=torch.zeros(0), anchors_decode=None, draft_ids=[], timings={})
-    cache = PagedDecodeCache()
-    whole = partial(answer_mod._method_runner, model, attention, [doc], prompt, rows, refs, chosen, params, trace,
-                    cache)
-    total = len(pool)
-    gathered = partial(answer_mod._gather_selected, model, attention, [doc], refs, rows, params, chosen.tolist(),
-                       total, len(prompt.prefix_ids))
+    trace = AnswerTrace(candidates=pool, scores=[], selected=refs, selected_scores=[], kept_tokens=[],
+                        anchors_scoring=torch.zeros(0), anchors_decode=None, draft_ids=[], timings={})
+    whole = partial(answer_decoder, runner, [doc], prompt, rows, refs, params, trace)
+    gathered = partial(gather_selected, runner, [doc], refs, rows, params, len(prompt.prefix_ids))
     chunks, _, query_start = gathered()
-    static_ctx = partial(build_static_context, model, attention, prompt, chunks, query_start, None, layer_fns)
+    static_ctx = partial(build_static_context, runner, prompt, chunks, query_start)
     prefix_ids = torch.tensor(prompt.prefix_ids, device=doc.keys.device)[None]
-    prefix = torch.inference_mode()(partial(model, prefix_ids, torch.arange(prefix_ids.shape[1],
-                                                                           device=prefix_ids.device)[None],
-                                            full_mask(), attention, layer_fns=layer_fns))
+    prefix = torch.inference_mode()(partial(runner.forward, prefix_ids,
+                                            torch.arange(prefix_ids.shape[1], device=prefix_ids.device)[None],
+                                            full_mask()))
     for _ in range(3):
         whole()
     out = {name: 1000 * _seconds(fn, sync, 5) for name, fn in
@@ -306,22 +298,20 @@ def _profile_kv_build(model, attention, doc, prompt, rows, scoring, sampling, ar
     return out
 
 
-def _profile_first(model, attention, prompt, scoring, sampling, args, sync, activities, sort_by) -> dict:
-    """A new document's first question in a warmed-up engine: one PagedDecodeCache throughout, as
-    an engine keeps one. Document A warms up (two questions); B and C are new documents of the same
-    length: their prefill and first, second and third questions are timed by phase, and C's first
-    question is profiled (`first_question.txt`, by GPU time; `first_question_cpu.txt`, by host time)."""
-    cfg = model.cfg
+def _profile_first(runner: Runner, prompt, scoring, sampling, args, sync, activities, sort_by) -> dict:
+    """A new document's first question in a warmed-up engine: one runner throughout, as an engine
+    keeps one. Document A warms up (two questions); B and C are new documents of the same length:
+    their prefill and first, second and third questions are timed by phase, and C's first question
+    is profiled (`first_question.txt`, by GPU time; `first_question_cpu.txt`, by host time)."""
+    cfg = runner.cfg
     gen = torch.Generator().manual_seed(1)
-    cache = PagedDecodeCache()
     params = AnswerParams(top_k=args.top_k, scoring=scoring, sampling=sampling)
-    compiled = compiled_layer_functions(dynamic=True) if model.embed_tokens.weight.is_cuda else None
 
     def prefill():
         tokens = torch.randint(8, cfg.vocab_size, (args.context,), generator=gen)
         sync()
         t = time.perf_counter()
-        doc = prefill_document(model, attention, tokens, args.chunk_size, layer_fns=compiled)
+        doc = prefill_document(runner, tokens, args.chunk_size)
         sync()
         return doc, time.perf_counter() - t
 
@@ -329,7 +319,7 @@ def _profile_first(model, attention, prompt, scoring, sampling, args, sync, acti
         question = question or random_question(cfg, gen)
         sync()
         t = time.perf_counter()
-        result = [e for e in stream_answer(model, attention, None, [doc], question, params, cache)][-1]
+        result = [e for e in stream_answer(runner, None, [doc], question, params)][-1]
         sync()
         return {"s": time.perf_counter() - t, "phases": result.trace.timings}
 
@@ -348,15 +338,6 @@ def _profile_first(model, attention, prompt, scoring, sampling, args, sync, acti
     out["profiled_first"] = _profile_once(lambda: ask(doc, question), args.out / "first_question", sync, activities,
                                           sort_by)
     return out
-
-
-def _compile_decode_with(mode: str) -> None:
-    """Experiment: the decode step's fixed-shape halves compiled with torch.compile `mode` (the
-    question's other passes keep the default dynamic halves)."""
-    fixed = _layer_functions_in_mode(mode)
-    default = answer_mod.layer_functions_for
-    answer_mod.layer_functions_for = lambda device, enabled, dynamic: (
-        fixed if enabled and not dynamic and torch.device(device).type == "cuda" else default(device, enabled, dynamic))
 
 
 def _profile_once(fn, stem: Path, sync, activities, sort_by) -> dict:

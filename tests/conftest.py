@@ -29,6 +29,15 @@ def llada_dir(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="session")
+def engines(dream_dir, llada_dir):
+    """Both tiny checkpoints loaded on the CPU, by family."""
+    from engine import Engine
+
+    return {"dream": Engine.from_pretrained(dream_dir, device="cpu"),
+            "llada": Engine.from_pretrained(llada_dir, device="cpu")}
+
+
 @pytest.fixture(params=["dream", "llada"])
 def family_dir(request, dream_dir, llada_dir):
     return request.param, (dream_dir if request.param == "dream" else llada_dir)

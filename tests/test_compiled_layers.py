@@ -78,7 +78,7 @@ def test_dynamic_halves_serve_varying_shapes(device):
 
 
 def test_a_compiler_failure_falls_back_to_eager_but_out_of_memory_does_not(caplog):
-    from engine.model.compiled_layers import _EagerOnFailure
+    from engine.model.compiled_layers import EagerOnFailure
 
     def broken_compiler(x):
         raise RuntimeError("inductor: no C++ compiler")
@@ -86,9 +86,9 @@ def test_a_compiler_failure_falls_back_to_eager_but_out_of_memory_does_not(caplo
     def out_of_memory(x):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
-    fallback = _EagerOnFailure(broken_compiler, lambda x: x + 1)
+    fallback = EagerOnFailure(broken_compiler, lambda x: x + 1)
     assert fallback(1) == 2 and fallback.failed and "running them eagerly" in caplog.text
-    strict = _EagerOnFailure(out_of_memory, lambda x: x + 1)
+    strict = EagerOnFailure(out_of_memory, lambda x: x + 1)
     with pytest.raises(torch.OutOfMemoryError):
         strict(1)
     assert not strict.failed  # the next call tries the compiled halves again

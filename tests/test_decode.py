@@ -1,4 +1,5 @@
-"""The dense diffusion loop against a plain, independent reference loop over transformers models."""
+"""The diffusion loop and the baselines: dense decoding against a plain, independent reference loop over
+transformers models, and Fast-dLLM's dual cache against dense (engine/decode/loop.py, baselines.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 from engine import Engine, SamplingParams
-from engine.decode.loop import DecodeStep, dense_decode
+from engine.decode.baselines import DenseDecoder, FastDLLMDecoder, dense_decode
+from engine.decode.loop import DecodeStep
 from engine.engine import GenerationResult
 from tests.test_parity_hf import hf_logits, hf_reference
 
@@ -57,7 +59,7 @@ def test_greedy_equals_reference_loop(pair, rule, threshold):
     else:
         params = SamplingParams(decoder="threshold", threshold=threshold, gen_length=gen,
                                 block_length=block, stop_at_eos=False)
-    loop = dense_decode(engine.model, engine.attention, torch.tensor(prompt), params, None)
+    loop = dense_decode(engine.runner, torch.tensor(prompt), params, None)
     steps = []
     while True:
         try:
@@ -119,3 +121,16 @@ def test_stream_yields_steps_then_result(pair):
     committed = sorted(p for e in events[:-1] for p in e.positions)
     assert committed == list(range(16))
     assert result.text == engine.tokenizer.decode(result.answer_ids, skip_special_tokens=True)
+
+
+def test_fastdllm_first_block_step_matches_dense(engines):
+    """Fast-dLLM's block-start forward is a full forward, so its first step equals dense's."""
+    engine = engines["dream"]
+    prompt = torch.randint(5, 300, (40,), generator=torch.Generator().manual_seed(10))
+    answer = torch.full((16,), engine.config.mask_token_id)
+    with torch.no_grad():
+        fast = FastDLLMDecoder(engine.runner, prompt, 8)
+        fast.block_start(0, answer)
+        a = fast.slot_logits(0, answer, torch.arange(8))
+        b = DenseDecoder(engine.runner, prompt).slot_logits(0, answer, torch.arange(8))
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -109,27 +109,34 @@ def test_pool_warm_tier_uses_pinned_memory():
 
 @pytest.mark.parametrize("family", ["dream", "llada"])
 def test_captured_draft_and_scoring_replay_like_eager(family, dream_dir, llada_dir):
-    """The draft and scoring graphs the engine keeps, replayed for questions of several lengths
-    (two padded sizes, one asked twice), give what eager passes give."""
+    """The draft and scoring graphs the engine's runner keeps, replayed for questions of several
+    lengths (two padded sizes, one asked twice), give what passes made for the call and run
+    eagerly give (the same layer halves)."""
     from engine import AnswerParams, SamplingParams, ScoringParams
-    from engine.method.answer import stream_answer
+    from engine.method.chunk_scorer import draft_pseudo_labels, score_document, scoring_rows
+    from engine.method.prompting import build_question_prompt
+    from engine.runner import Runner
 
     folder = dream_dir if family == "dream" else llada_dir
     engine = Engine.from_pretrained(folder, device="cuda", dtype=torch.float32)
+    runner, cfg = engine.runner, engine.config
+    eager = Runner(runner.model, runner.attention, runner.fixed_layers, runner.dynamic_layers)
     doc = engine.prefill(torch.randint(5, 300, (300,), generator=torch.Generator().manual_seed(1)).tolist(), 32)
     for folds in (None, 3):
         params = AnswerParams(top_k=3, scoring=ScoringParams(llada_folds=folds, max_rows=200),
                               sampling=SamplingParams(gen_length=8, block_length=8, stop_at_eos=False))
+        sp = params.scoring
         for question in ("Which river?", "Which river flows past the old mill, and when was it built?",
                          "Which river?", "Who?"):
             graphed = engine.answer(doc, question, params)
-            eager = [e for e in stream_answer(engine.model, engine.attention, engine.tokenizer, [doc], question,
-                                              params, None)][-1]
-            assert graphed.trace.draft_ids == eager.trace.draft_ids
-            torch.testing.assert_close(torch.tensor(graphed.trace.scores), torch.tensor(eager.trace.scores),
-                                       atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(graphed.trace.anchors_scoring, eager.trace.anchors_scoring, atol=1e-4,
-                                       rtol=1e-4)
-    cache = engine.paged_cache
-    assert cache.scoring and all(p._call.graph is not None for p in cache.scoring.values())  # really captured
-    assert cache.drafts and all(p._call.graph is not None for p in cache.drafts.values())
+            prompt = build_question_prompt(engine.tokenizer, question, cfg.bos_token_id, params.instruction,
+                                           params.use_chat_template)
+            draft = draft_pseudo_labels(eager, prompt.prefix_ids + prompt.query_ids, sp.draft_slots, sp.draft_rounds)
+            rows = scoring_rows(prompt.query_ids, prompt.question_span, draft, sp.window, cfg.logits_shifted)
+            scored = score_document(eager, doc, rows, sp, keep_passes=False)
+            assert graphed.trace.draft_ids == draft.tokens[draft.committed].tolist()
+            torch.testing.assert_close(torch.tensor(graphed.trace.scores), scored.scores, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(graphed.trace.anchors_scoring, scored.anchors, atol=1e-4, rtol=1e-4)
+    scoring, drafts = runner.kept_items("scoring"), runner.kept_items("draft")
+    assert scoring and all(p._call.graph is not None for p in scoring.values())  # really captured
+    assert drafts and all(p._call.graph is not None for p in drafts.values())

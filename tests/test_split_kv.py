@@ -25,13 +25,14 @@ from engine.attention.split_kv import (
     split_kv_reference,
     triton,
 )
-from engine.decode.paged import MAX_QUERY_PASSES, PagedDecodeCache, query_rows
+from engine.decode.paged import MAX_QUERY_PASSES, query_rows
 from engine.method.answer import AnswerResult, stream_answer
 from engine.method.kv_cache import place_chunks
 from engine.method.prefill import prefill_document
 from engine.method.prompting import QuestionPrompt
 from engine.model.rope import shift_cos_sin
 from engine.model.weights import random_model
+from engine.runner import Runner
 
 # The kernel runs on CPU tensors only under Triton's interpreter, which conftest.py turns on where
 # there is no CUDA device; on a GPU machine these cases run on "cuda" instead.
@@ -140,18 +141,28 @@ def test_split_plan_sizes():
     assert make_split_plan(kv, 7, tail_split=16).num_tail_splits == 3  # 45 rows of capacity
 
 
-def _tiny(family: str, dtype, device):
+def _tiny(family: str, dtype, device, compile_layers: bool = False) -> Runner:
+    """A tiny random model at work (eager layer halves unless `compile_layers`, which takes effect on CUDA)."""
     cfg = dataclasses.replace(KNOWN_CONFIGS[family], vocab_size=512, hidden_size=64, intermediate_size=128,
                               num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, mask_token_id=3,
                               bos_token_id=0, eos_token_id=1, eot_token_id=2, pad_token_id=1)
-    return random_model(cfg, device, dtype)
+    return Runner.for_model(random_model(cfg, device, dtype), select_backend(device, dtype), compile_layers)
 
 
-def _answer(model, attention, doc, prompt, cache=None, **params):
+def _fresh(runner: Runner) -> Runner:
+    """The same weights and halves with nothing kept: a question on it reuses no earlier buffers."""
+    return Runner(runner.model, runner.attention, runner.fixed_layers, runner.dynamic_layers)
+
+
+def _paged_context(runner: Runner):
+    return runner.kept_items("paged buffers")[None].context
+
+
+def _answer(runner: Runner, doc, prompt, **params):
     sampling = SamplingParams(decoder="low_confidence", gen_length=16, block_length=8, steps=16, stop_at_eos=False)
     p = AnswerParams(top_k=3, scoring=ScoringParams(scorer="self_information"), sampling=sampling, **params)
     steps, result = [], None
-    for event in stream_answer(model, attention, None, [doc], prompt, p, cache):
+    for event in stream_answer(runner, None, [doc], prompt, p):
         if isinstance(event, AnswerResult):
             result = event
         else:
@@ -162,21 +173,20 @@ def _answer(model, attention, doc, prompt, cache=None, **params):
 @pytest.mark.parametrize("family", ["llada-8b", "dream-7b"])
 @pytest.mark.parametrize("token_budget", [0, 9])
 @pytest.mark.parametrize("position_mode", ["continuous", "absolute"])
-def test_paged_runner_decodes_like_contiguous_runner(family, token_budget, position_mode):
+def test_paged_decoder_decodes_like_contiguous_decoder(family, token_budget, position_mode):
     """Same model, same question: every step commits the same tokens in the same slots.
 
     Runs the Triton kernel under the interpreter where it is on (no CUDA device), else the fp32
-    reference route; both must reproduce the contiguous runner (gathered, re-rotated, concatenated KV).
+    reference route; both must reproduce the contiguous decoder (gathered, re-rotated, concatenated KV).
     """
     torch.manual_seed(0)
-    model = _tiny(family, torch.float32, "cpu")
-    attention = select_backend("cpu", torch.float32)
+    runner = _tiny(family, torch.float32, "cpu")
     g = torch.Generator().manual_seed(1)
-    doc = prefill_document(model, attention, torch.randint(8, 512, (300,), generator=g), 37)
+    doc = prefill_document(runner, torch.randint(8, 512, (300,), generator=g), 37)
     prompt = QuestionPrompt(prefix_ids=[0, 9, 10], query_ids=list(range(20, 45)), question_span=(2, 20))
     kw = dict(token_budget=token_budget, position_mode=position_mode)
-    contiguous, c_steps = _answer(model, attention, doc, prompt, static_layout="contiguous", **kw)
-    paged, p_steps = _answer(model, attention, doc, prompt, static_layout="paged", **kw)
+    contiguous, c_steps = _answer(runner, doc, prompt, static_layout="contiguous", **kw)
+    paged, p_steps = _answer(runner, doc, prompt, static_layout="paged", **kw)
     assert paged.trace.static_layout == "paged" and contiguous.trace.static_layout == "contiguous"
     assert [(s.positions, s.tokens) for s in p_steps] == [(s.positions, s.tokens) for s in c_steps]
     assert paged.trace.forward_passes == contiguous.trace.forward_passes
@@ -190,37 +200,36 @@ def test_paged_runner_decodes_like_contiguous_runner(family, token_budget, posit
 @pytest.mark.parametrize("family", ["llada-8b", "dream-7b"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_second_question_reuses_the_paged_buffers(family, device):
-    """A PagedDecodeCache hands the first question's buffers (and, on CUDA, its captured graph) to
-    the next question of the same layout, on the same document or (through the kernel) another;
-    that question decodes exactly as without the cache, and no document's KV is kept alive by the
-    cache between questions."""
+    """A runner hands the first question's buffers (and, on CUDA, its captured graph) to the next
+    question of the same layout, on the same document or (through the kernel) another; that
+    question decodes exactly as on a runner that kept nothing, and no document's KV is kept alive
+    by the runner between questions."""
     torch.manual_seed(0)
-    model = _tiny(family, torch.float32, device)
-    attention = select_backend(device, torch.float32)
+    runner = _tiny(family, torch.float32, device)
     g = torch.Generator().manual_seed(1)
-    doc = prefill_document(model, attention, torch.randint(8, 512, (700,), generator=g).to(device), 37)
+    doc = prefill_document(runner, torch.randint(8, 512, (700,), generator=g).to(device), 37)
     first = QuestionPrompt(prefix_ids=[0, 9, 10], query_ids=list(range(20, 45)), question_span=(2, 20))
     second = QuestionPrompt(prefix_ids=[0, 9, 10], query_ids=list(range(100, 127)), question_span=(2, 22))
-    cache = PagedDecodeCache()
+    query_passes = runner.kept_items("paged query pass")
     for budget in (0, 9):
-        _answer(model, attention, doc, first, cache, static_layout="paged", token_budget=budget)
-        context = cache.context
+        _answer(runner, doc, first, static_layout="paged", token_budget=budget)
+        context = _paged_context(runner)
         assert context is not None and context.layers[0].kv.k_pages.numel() == 0  # released
-        query_pass = cache.query_passes[32]  # 25 question rows, padded to 32
-        reused, r_steps = _answer(model, attention, doc, second, cache, static_layout="paged", token_budget=budget)
-        assert cache.context is context  # same layout (the tail rounds up to 128 rows): buffers reused
-        assert cache.query_passes[32] is query_pass  # 27 rows: the same padded pass (and graph)
-        fresh, f_steps = _answer(model, attention, doc, second, static_layout="contiguous", token_budget=budget)
+        query_pass = query_passes[32]  # 25 question rows, padded to 32
+        reused, r_steps = _answer(runner, doc, second, static_layout="paged", token_budget=budget)
+        assert _paged_context(runner) is context  # same layout (the tail rounds up to 128 rows): buffers reused
+        assert query_passes[32] is query_pass  # 27 rows: the same padded pass (and graph)
+        fresh, f_steps = _answer(_fresh(runner), doc, second, static_layout="contiguous", token_budget=budget)
         assert [(s.positions, s.tokens) for s in r_steps] == [(s.positions, s.tokens) for s in f_steps]
         torch.testing.assert_close(reused.trace.anchors_decode, fresh.trace.anchors_decode, atol=1e-5, rtol=1e-4)
     # Another document, then the first again: the kernel reads pages through the addresses the
     # context holds (PagedKV.page_base), so its buffers and graph serve both; the reference path
     # reads the pages' tensors, so there another document gets new buffers.
-    other = prefill_document(model, attention, torch.randint(8, 512, (400,), generator=g).to(device), 37)
+    other = prefill_document(runner, torch.randint(8, 512, (400,), generator=g).to(device), 37)
     for d in (other, doc):
-        reused, r_steps = _answer(model, attention, d, second, cache, static_layout="paged", token_budget=9)
-        assert (cache.context is context) == kernel_usable(device, model.cfg.head_dim)
-        fresh, f_steps = _answer(model, attention, d, second, static_layout="contiguous", token_budget=9)
+        reused, r_steps = _answer(runner, d, second, static_layout="paged", token_budget=9)
+        assert (_paged_context(runner) is context) == kernel_usable(device, runner.cfg.head_dim)
+        fresh, f_steps = _answer(_fresh(runner), d, second, static_layout="contiguous", token_budget=9)
         assert [(s.positions, s.tokens) for s in r_steps] == [(s.positions, s.tokens) for s in f_steps]
         torch.testing.assert_close(reused.trace.anchors_decode, fresh.trace.anchors_decode, atol=1e-5, rtol=1e-4)
 
@@ -230,46 +239,44 @@ def test_question_pass_sizes_on_one_context():
     least recently used dropped past MAX_QUERY_PASSES), and each answers as the contiguous route
     does, also when the padding rows reach past the answer's rows (a short answer)."""
     torch.manual_seed(0)
-    model = _tiny("dream-7b", torch.float32, "cpu")
-    attention = select_backend("cpu", torch.float32)
+    runner = _tiny("dream-7b", torch.float32, "cpu")
     g = torch.Generator().manual_seed(1)
-    doc = prefill_document(model, attention, torch.randint(8, 512, (500,), generator=g), 37)
+    doc = prefill_document(runner, torch.randint(8, 512, (500,), generator=g), 37)
     sampling = SamplingParams(decoder="low_confidence", gen_length=8, block_length=8, steps=8, stop_at_eos=False)
-    cache = PagedDecodeCache()
+    query_passes = runner.kept_items("paged query pass")
     sizes = [33, 17, 60, 5, 33, 90]  # padded to 48, 32, 64, 16, 48, 96
     for n in sizes:
         prompt = QuestionPrompt(prefix_ids=[0, 9, 10], query_ids=list(range(20, 20 + n)), question_span=(0, n))
         runs = {}
-        for layout, c in (("paged", cache), ("contiguous", None)):
+        for layout, on in (("paged", runner), ("contiguous", _fresh(runner))):
             p = AnswerParams(top_k=3, scoring=ScoringParams(scorer="self_information"), sampling=sampling,
                              static_layout=layout)
-            events = list(stream_answer(model, attention, None, [doc], prompt, p, c))
+            events = list(stream_answer(on, None, [doc], prompt, p))
             runs[layout] = ([(e.positions, e.tokens) for e in events[:-1]], events[-1])
         assert runs["paged"][0] == runs["contiguous"][0], n
         torch.testing.assert_close(runs["paged"][1].trace.anchors_decode, runs["contiguous"][1].trace.anchors_decode,
                                    atol=1e-5, rtol=1e-4)
-        assert query_rows(n) in cache.query_passes
-    assert len(cache.query_passes) <= MAX_QUERY_PASSES
-    assert list(cache.query_passes)[-2:] == [48, 96]  # most recently used last
+        assert query_rows(n) in query_passes
+    assert len(query_passes) <= MAX_QUERY_PASSES
+    assert list(query_passes)[-2:] == [48, 96]  # most recently used last
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["llada-8b", "dream-7b"])
 @pytest.mark.parametrize("compile_layers", [False, True])
-def test_paged_runner_with_cuda_graph_on_gpu(family, compile_layers):
+def test_paged_decoder_with_cuda_graph_on_gpu(family, compile_layers):
     """On CUDA, "auto" takes the paged route (native kernel, captured CUDA graph, compiled layer
     halves or eager ones) and, in fp32, commits exactly what the contiguous eager route commits. (bf16 kernel accuracy:
     test_split_kv_matches_reference; bf16 random tiny models have near-tied logits.)"""
     torch.manual_seed(0)
-    model = _tiny(family, torch.float32, "cuda")
-    attention = select_backend("cuda", torch.float32)
+    runner = _tiny(family, torch.float32, "cuda", compile_layers)
+    eager = Runner(runner.model, runner.attention)
     g = torch.Generator().manual_seed(1)
-    doc = prefill_document(model, attention, torch.randint(8, 512, (3000,), generator=g).cuda(), 128)
+    doc = prefill_document(eager, torch.randint(8, 512, (3000,), generator=g).cuda(), 128)
     prompt = QuestionPrompt(prefix_ids=[0, 9, 10], query_ids=list(range(20, 45)), question_span=(2, 20))
     for budget in (0, 40):
-        auto, a_steps = _answer(model, attention, doc, prompt, static_layout="auto", token_budget=budget,
-                                compile_layers=compile_layers)
-        contiguous, c_steps = _answer(model, attention, doc, prompt, static_layout="contiguous", token_budget=budget)
+        auto, a_steps = _answer(runner, doc, prompt, static_layout="auto", token_budget=budget)
+        contiguous, c_steps = _answer(eager, doc, prompt, static_layout="contiguous", token_budget=budget)
         assert auto.trace.static_layout == "paged"
         assert [(s.positions, s.tokens) for s in a_steps] == [(s.positions, s.tokens) for s in c_steps]
         torch.testing.assert_close(auto.trace.anchors_decode, contiguous.trace.anchors_decode, atol=1e-4, rtol=1e-3)

@@ -7,9 +7,9 @@ Phases come from the answer trace (draft, scoring, selection, kv_build, decode);
 one-time chunked prefill of static/joint; "first" is prefill + the first question; "cached" is a
 second, different question on the already prefilled document (the steady state: static reuses the
 first question's decode buffers and CUDA graphs); phases and steps are the cached question's,
-`first_phases` the first question's. One `PagedDecodeCache` serves the whole run, as one serves an
-engine's life in the app: what does not depend on the document (the draft's graph, the prefix's KV)
-is made once, in the warm-up.
+`first_phases` the first question's. One `Runner` serves the whole run, as one serves an engine's
+life in the app: what does not depend on the document (the draft's graph, the prefix's KV) is made
+once, in the warm-up.
 Where `dense` would take too long, a few of its steps are timed and the rest
 extrapolated (marked in the table).
 """
@@ -27,14 +27,13 @@ from app.prefilter import candidate_chunks
 from engine import CACHED_KV_MODES, KNOWN_CONFIGS, AnswerParams, SamplingParams, ScoringParams
 from engine.attention import select_backend
 from engine.decode.loop import DecodeStep
-from engine.decode.paged import PagedDecodeCache
 from engine.method.answer import stream_answer
 from engine.method.kv_cache import DocumentKV, take_chunks
 from engine.method.prefill import PREFILL_TOKEN_BUDGET, chunks_per_batch, prefill_document
 from engine.method.prompting import QuestionPrompt
-from engine.model.compiled_layers import layer_functions_for
 from engine.model.config import ModelConfig
 from engine.model.weights import random_model
+from engine.runner import Runner
 from storage.chunk_index import index_texts, search
 
 TINY = replace(KNOWN_CONFIGS["llada-8b"], vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
@@ -81,14 +80,14 @@ def random_question(cfg: ModelConfig, gen: torch.Generator) -> QuestionPrompt:
     return QuestionPrompt(prefix_ids=[cfg.bos_token_id] + prefix, query_ids=query, question_span=(2, 26))
 
 
-def _answer(model, attention, doc, prompt, params, max_steps: int | None, paged_cache=None):
+def _answer(runner: Runner, doc: DocumentKV, prompt: QuestionPrompt, params: AnswerParams, max_steps: int | None):
     """Runs one answer; with max_steps, stops after that many steps and scales the time linearly
     to the whole answer (every step, and every block, of dense and fastdllm costs the same)."""
-    device = model.embed_tokens.weight.device
+    device = runner.device
     _sync(device)
     start = time.perf_counter()
     steps, result = 0, None
-    for event in stream_answer(model, attention, None, [doc], prompt, params, paged_cache):
+    for event in stream_answer(runner, None, [doc], prompt, params):
         if isinstance(event, DecodeStep):
             steps += 1
             if max_steps is not None and steps >= max_steps:
@@ -106,20 +105,18 @@ def _answer(model, attention, doc, prompt, params, max_steps: int | None, paged_
             result.trace.static_layout if params.kv_mode == "static" else "-")
 
 
-def _warm_up(model, attention, cfg: ModelConfig, modes: list[str], chunk_size: int, top_k: int,
-             gen: torch.Generator, compile_layers: bool, scoring: ScoringParams, cache: PagedDecodeCache) -> None:
+def _warm_up(runner: Runner, modes: list[str], chunk_size: int, top_k: int, gen: torch.Generator,
+             scoring: ScoringParams) -> None:
     """One untimed question per mode on a document of one full prefill batch: cuBLAS, Triton and
     torch.compile compilation, the allocator's growth to a prefill batch's activations and lazy
     initialisation happen here, not in the first timed context."""
-    layer_fns = layer_functions_for(model.embed_tokens.weight.device, compile_layers, dynamic=True)
+    cfg = runner.cfg
     chunks = max(top_k + 1, chunks_per_batch(chunk_size, PREFILL_TOKEN_BUDGET))
-    doc = prefill_document(model, attention, torch.randint(8, cfg.vocab_size, (chunk_size * chunks,), generator=gen),
-                           chunk_size, layer_fns=layer_fns)
+    doc = prefill_document(runner, torch.randint(8, cfg.vocab_size, (chunk_size * chunks,), generator=gen), chunk_size)
     sampling = SamplingParams(decoder="low_confidence", gen_length=32, block_length=32, steps=32, stop_at_eos=False)
     for mode in modes:
-        params = AnswerParams(top_k=top_k, kv_mode=mode, sampling=sampling, compile_layers=compile_layers,
-                              scoring=scoring)
-        _answer(model, attention, doc, random_question(cfg, gen), params, 2 if mode == "dense" else None, cache)
+        params = AnswerParams(top_k=top_k, kv_mode=mode, sampling=sampling, scoring=scoring)
+        _answer(runner, doc, random_question(cfg, gen), params, 2 if mode == "dense" else None)
 
 
 def _synthetic_index(num_chunks: int, gen: torch.Generator, words_per_chunk: int = 350, vocabulary: int = 20000):
@@ -166,12 +163,10 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     cfg = SHAPES[shape]
-    model = random_model(cfg, dev, dtype)
-    attention = select_backend(dev, dtype)
+    # As an engine's: decode buffers, graphs and the prefix's KV kept across questions.
+    runner = Runner.for_model(random_model(cfg, dev, dtype), select_backend(dev, dtype), compile_layers)
     gen = torch.Generator().manual_seed(0)
-    cache = PagedDecodeCache()  # the engine's: decode buffers, graphs and the prefix's KV across questions
-    _warm_up(model, attention, cfg, modes, chunk_size, top_k, gen, compile_layers, scoring, cache)
-    layer_fns = layer_functions_for(dev, compile_layers, dynamic=True)
+    _warm_up(runner, modes, chunk_size, top_k, gen, scoring)
     rows = []
     for context in contexts:
         tokens = torch.randint(8, cfg.vocab_size, (context,), generator=gen)
@@ -180,7 +175,7 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
             torch.cuda.reset_peak_memory_stats(dev)
         _sync(dev)
         t = time.perf_counter()
-        doc = prefill_document(model, attention, tokens, chunk_size, layer_fns=layer_fns)  # once, for every mode
+        doc = prefill_document(runner, tokens, chunk_size)  # once, for every mode
         _sync(dev)
         prefill_s = time.perf_counter() - t
         prefill_tflops = matmul_flops_per_token(cfg) * doc.num_chunks * chunk_size / prefill_s / 1e12
@@ -203,33 +198,32 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
                                           steps=answer, stop_at_eos=False)
                 if dev.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(dev)
-                params = AnswerParams(top_k=top_k, kv_mode=mode, scoring=scoring, sampling=sampling,
-                                      compile_layers=compile_layers)
+                params = AnswerParams(top_k=top_k, kv_mode=mode, scoring=scoring, sampling=sampling)
                 label = f"{mode}+bm25@{m}" if m else mode
                 max_steps = None
                 if mode == "dense":  # time two steps once per context, then decide whether to extrapolate
                     if dense_step_s is None:
                         probe = replace(sampling, gen_length=min(32, answer), block_length=min(32, answer),
                                         steps=min(32, answer))
-                        _, dense_step_s, *_ = _answer(model, attention, doc, prompt, replace(params, sampling=probe), 2)
+                        _, dense_step_s, *_ = _answer(runner, doc, prompt, replace(params, sampling=probe), 2)
                     if dense_step_s * answer > dense_budget_s:
                         max_steps = 2
                 elif mode == "fastdllm" and answer > 32 and context * answer > 32768 * 64:
                     max_steps = 32  # one whole block (its full forward and its steps), then x blocks
                 try:
                     given, bm25_s = _prefiltered(doc, *index, m) if m else (doc, 0.0)
-                    total, step_s, steps, phases, extrapolated, layout = _answer(model, attention, given, prompt,
-                                                                                 params, max_steps, cache)
+                    total, step_s, steps, phases, extrapolated, layout = _answer(runner, given, prompt, params,
+                                                                                 max_steps)
                     first, first_phases = total + bm25_s, phases | ({"bm25": bm25_s} if m else {})
                     if mode in CACHED_KV_MODES:  # the steady state: a second, different question
                         given, bm25_s = _prefiltered(doc, *index, m) if m else (doc, 0.0)
-                        total, step_s, steps, phases, extrapolated, layout = _answer(model, attention, given, second,
-                                                                                     params, max_steps, cache)
+                        total, step_s, steps, phases, extrapolated, layout = _answer(runner, given, second, params,
+                                                                                     max_steps)
                         total, phases = total + bm25_s, phases | ({"bm25": bm25_s} if m else {})
                     del given
                 except torch.OutOfMemoryError:  # a mode that does not fit is reported, the others still run
                     progress(f"{shape} {label:>8} ctx {context:>7} ans {answer:>4}: out of memory (no row)")
-                    cache = PagedDecodeCache()  # frees what the failed question left in the old one
+                    runner.forget()  # frees what the failed question left kept
                     if dev.type == "cuda":
                         torch.cuda.empty_cache()
                     continue

@@ -24,11 +24,10 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
-from engine.model.compiled_layers import compiled_layer_functions
 from engine.model.transformer import DiffusionLM
 from engine.model.weights import load_model, read_model_config
 from training.tasks import NIAH_VARIANT_WEIGHTS, TASK_WEIGHTS, collate
-from training.train import CHUNK_SIZE, CURRICULUM, diffusion_loss, make_layout, task_sampler
+from training.train import CHUNK_SIZE, CURRICULUM, diffusion_loss, make_layout, task_sampler, training_runner
 
 KERNELS = {"efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
            "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
@@ -71,11 +70,11 @@ def main() -> None:
         model = DiffusionLM(cfg).to(device)
         model.load_state_dict(start)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
-        fns = compiled_layer_functions(dynamic=True) if layers == "compiled" else None
+        runner = training_runner(model, compile_layers=layers == "compiled")
         gen = torch.Generator(device=device).manual_seed(0)
 
-        def step(batch, model=model, opt=opt, fns=fns, gen=gen):
-            loss, _ = diffusion_loss(model, batch, cfg, gen, layer_fns=fns)
+        def step(batch, model=model, opt=opt, runner=runner, gen=gen):
+            loss, _ = diffusion_loss(runner, batch, gen)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -42,8 +42,9 @@ from engine.method.prompting import build_question_prompt
 from engine.model.compiled_layers import compiled_layer_functions
 from engine.model.config import ModelConfig
 from engine.model.random_checkpoint import llada_config_json
-from engine.model.transformer import DiffusionLM, LayerFunctions
+from engine.model.transformer import DiffusionLM
 from engine.model.weights import read_model_config, save_weights
+from engine.runner import Runner
 from training.tasks import NIAH_VARIANT_WEIGHTS, TASK_WEIGHTS, Layout, TaskSampler, attention_mask, collate
 
 CHUNK_SIZE = 128
@@ -127,13 +128,22 @@ class Batches(torch.utils.data.IterableDataset):
             yield collate(examples, self.layout, CHUNK_SIZE, question_loss_share=0.3, rng=rng)
 
 
-def diffusion_loss(model, batch, cfg: ModelConfig, gen: torch.Generator, eps: float = 0.05,
-                   layer_fns: LayerFunctions | None = None):
+def training_runner(model: DiffusionLM, compile_layers: bool, replica: torch.nn.Module | None = None) -> Runner:
+    """The model at work in training: SDPA attention (training's masks are dense), the layers'
+    halves compiled with dynamic shapes on CUDA (batches vary in length) unless `compile_layers` is
+    False; `replica` runs the forwards when it wraps the model (DistributedDataParallel)."""
+    compiled = compile_layers and model.embed_tokens.weight.device.type == "cuda"
+    return Runner(model, BACKENDS["sdpa"], dynamic_layers=compiled_layer_functions(dynamic=True) if compiled else None,
+                  module=replica)
+
+
+def diffusion_loss(runner: Runner, batch, gen: torch.Generator, eps: float = 0.05):
     """Masked-diffusion loss on the batch's targets; returns (loss, masked-token accuracy).
 
     t starts at eps = 0.05 rather than LLaDA's 1e-3: the 1/t weight then stays below 20, which
     kept the first run (t from 1e-3, lr 1.5e-3) from diverging to NaN after 1,250 steps.
     """
+    cfg = runner.cfg
     ids, targets = batch["ids"], batch["targets"]
     b = ids.shape[0]
     t = eps + (1 - eps) * torch.rand(b, 1, device=ids.device, generator=gen)
@@ -148,8 +158,7 @@ def diffusion_loss(model, batch, cfg: ModelConfig, gen: torch.Generator, eps: fl
     valid = torch.gather(masked, 1, order)
     mask = dense_mask(attention_mask(batch["roles"], batch["segments"]))
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=ids.is_cuda):
-        out = model(noisy, batch["positions"], mask, BACKENDS["sdpa"], logits_rows=order, return_kv=False,
-                    layer_fns=layer_fns)
+        out = runner.forward(noisy, batch["positions"], mask, logits_rows=order, return_kv=False)
     logits = out.logits.float()  # [B, R, V]
     truth = torch.gather(ids, 1, order)
     # Rows flattened, not [B, V, R]: the class dimension last takes the plain softmax kernel
@@ -297,15 +306,15 @@ def main() -> None:
         batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0,
         prefetch_factor=4 if args.workers > 0 else None, pin_memory=device.type == "cuda")
     gen = torch.Generator(device=device).manual_seed(data_seed)
-    layer_fns = compiled_layer_functions(dynamic=True) if device.type == "cuda" and not args.no_compile else None
-    replica = model
+    replica = None
     if world > 1:
         ids = [device] if device.type == "cuda" else None
         replica = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    runner = training_runner(model, not args.no_compile, replica)
     n_params = sum(p.numel() for p in model.parameters())
     if lead:
         print(f"model: {n_params / 1e6:.1f}M parameters; {world} x {device.type}; "
-              f"layers {'compiled' if layer_fns else 'eager'}; resume step {step}", flush=True)
+              f"layers {'compiled' if runner.compiled else 'eager'}; resume step {step}", flush=True)
     start = time.perf_counter()
     tokens = skipped = bad_run = 0
     good = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
@@ -325,7 +334,7 @@ def main() -> None:
         for g in opt.param_groups:
             g["lr"] = lr
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        loss, acc = diffusion_loss(replica, batch, cfg, gen, layer_fns=layer_fns)
+        loss, acc = diffusion_loss(runner, batch, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()  # DDP averages the gradients over the ranks here
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

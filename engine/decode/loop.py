@@ -1,13 +1,13 @@
-"""The block-wise diffusion loop, and the two baseline ways of computing its logits.
+"""The block-wise diffusion loop.
 
 `run_blocks` owns the decoding rule: blocks in order, inside a block the sampler commits masked
 slots until none is left, stop once an end token is settled. Where the logits come from is a
-`StepRunner`'s business:
-- `DenseRunner`: the vanilla loop, the whole sequence recomputed at every step (how the official
-  Dream / LLaDA samplers run; the `dense` baseline);
-- `FastDLLMRunner`: Fast-dLLM's dual cache, one full forward at each block start, then only the
-  block's tokens against the cached prompt and suffix KV (the `fastdllm` baseline);
-- `engine.decode.static.StaticRunner`: the method, decoding over static cached chunk KV.
+`Decoder`'s business:
+- `engine.decode.baselines.DenseDecoder`: the vanilla loop, the whole sequence recomputed at every
+  step (how the official Dream / LLaDA samplers run; the `dense` baseline);
+- `engine.decode.baselines.FastDLLMDecoder`: Fast-dLLM's dual cache (the `fastdllm` baseline);
+- `engine.decode.static.StaticDecoder`: the method, decoding over static cached chunk KV, and
+  `engine.decode.paged.PagedStaticDecoder`, the same over the document's pages in place.
 All share the same rule, so their step counts are comparable.
 """
 
@@ -19,7 +19,6 @@ from typing import Protocol
 
 import torch
 
-from engine.attention import AttentionBackend, full_mask
 from engine.decode.sampling import (
     SamplingParams,
     StepPlan,
@@ -29,7 +28,7 @@ from engine.decode.sampling import (
     prediction_rows,
 )
 from engine.model.config import ModelConfig
-from engine.model.transformer import DiffusionLM, LayerFunctions
+from engine.runner import Runner
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ class DecodeOutcome:
     stopped_early: bool
 
 
-class StepRunner(Protocol):
+class Decoder(Protocol):
     forward_passes: int
 
     def block_start(self, block: int, answer: torch.Tensor) -> None: ...
@@ -63,12 +62,12 @@ class StepRunner(Protocol):
     def block_done(self, block: int, answer: torch.Tensor) -> None: ...
 
 
-def run_blocks(runner: StepRunner, cfg: ModelConfig, params: SamplingParams,
+def run_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
                generator: torch.Generator | None, device: torch.device
                ) -> Generator[DecodeStep, None, DecodeOutcome]:
     """Decodes `params.gen_length` answer slots block by block with `params.decoder`.
 
-    The canvas lives on the device (the runners read it) and is mirrored on the host; each step
+    The canvas lives on the device (the decoders read it) and is mirrored on the host; each step
     synchronises once, to copy back which slots it committed. Everything the loop decides from
     (masked slots, stop tokens) is read from the mirror, so the GPU is not drained more than that.
     """
@@ -78,13 +77,13 @@ def run_blocks(runner: StepRunner, cfg: ModelConfig, params: SamplingParams,
     step, stopped_early = 0, False
     for block in range(params.num_blocks):
         lo, hi = block * params.block_length, (block + 1) * params.block_length
-        runner.block_start(block, answer)
+        decoder.block_start(block, answer)
         masked = [i for i in range(lo, hi) if canvas[i] == mask_id]
         masked_at_start = len(masked)
         step_in_block = 0
         while masked:
             slots = torch.tensor(masked, device=device)  # [M]
-            logits = runner.slot_logits(block, answer, slots)
+            logits = decoder.slot_logits(block, answer, slots)
             plan = StepPlan(step_in_block, params.steps_per_block, masked_at_start)
             chosen, tokens = choose_commits(logits, params, plan, generator)
             answer[slots] = torch.where(chosen, tokens, answer[slots])
@@ -104,24 +103,23 @@ def run_blocks(runner: StepRunner, cfg: ModelConfig, params: SamplingParams,
         if stopped_early:
             break
         if block < params.num_blocks - 1:
-            runner.block_done(block, answer)
+            decoder.block_done(block, answer)
     return DecodeOutcome(answer_ids=cut_at_stop(canvas, cfg.stop_token_ids), canvas=canvas,
-                         steps=step, forward_passes=runner.forward_passes,
+                         steps=step, forward_passes=decoder.forward_passes,
                          stopped_early=stopped_early)
 
 
-def block_logits(model: DiffusionLM, attention: AttentionBackend, ids: torch.Tensor, positions: torch.Tensor,
-                 mask, past, slots: torch.Tensor, anchor: torch.Tensor | None,
-                 layer_fns: LayerFunctions | None = None) -> torch.Tensor:
+def block_logits(runner: Runner, ids: torch.Tensor, positions: torch.Tensor, mask, past, slots: torch.Tensor,
+                 anchor: torch.Tensor | None) -> torch.Tensor:
     """Logits [M, V] for block slots `slots` ([M], 0-based in the block) from one block forward.
 
     For a shifted-logit model, slot 0 is predicted by the row before the block, whose logits
     (`anchor`, [V]) were computed with that row's KV; every other slot by the block row before it.
     """
-    frame = prediction_rows(slots + 1, model.cfg.logits_shifted)  # frame row 0 = the row before the block
-    out = model(ids, positions, mask, attention, past=past, logits_rows=(frame - 1).clamp_min(0), return_kv=False,
-                layer_fns=layer_fns)
-    return slot_logits_from_rows(out.logits[0], slots, anchor, model.cfg.logits_shifted)
+    shifted = runner.cfg.logits_shifted
+    frame = prediction_rows(slots + 1, shifted)  # frame row 0 = the row before the block
+    out = runner.forward(ids, positions, mask, past=past, logits_rows=(frame - 1).clamp_min(0), return_kv=False)
+    return slot_logits_from_rows(out.logits[0], slots, anchor, shifted)
 
 
 def slot_logits_from_rows(logits: torch.Tensor, slots: torch.Tensor, anchor: torch.Tensor | None,
@@ -131,88 +129,3 @@ def slot_logits_from_rows(logits: torch.Tensor, slots: torch.Tensor, anchor: tor
     if not shifted or anchor is None:
         return logits
     return torch.where((slots == 0)[:, None], anchor[None], logits)
-
-
-class DenseRunner:
-    """Every step recomputes [prompt | whole answer canvas] with full bidirectional attention."""
-
-    def __init__(self, model: DiffusionLM, attention: AttentionBackend, prompt_ids: torch.Tensor,
-                 layer_fns: LayerFunctions | None = None) -> None:
-        self.model, self.attention, self.layer_fns = model, attention, layer_fns
-        device = model.embed_tokens.weight.device
-        self.prompt = prompt_ids.to(device)
-        self.forward_passes = 0
-
-    def block_start(self, block: int, answer: torch.Tensor) -> None:
-        pass
-
-    def block_done(self, block: int, answer: torch.Tensor) -> None:
-        pass
-
-    def slot_logits(self, block: int, answer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        seq = torch.cat((self.prompt, answer))[None]
-        positions = torch.arange(seq.shape[1], device=seq.device)[None]
-        rows = prediction_rows(self.prompt.numel() + slots, self.model.cfg.logits_shifted)
-        out = self.model(seq, positions, full_mask(), self.attention, logits_rows=rows, return_kv=False,
-                         layer_fns=self.layer_fns)
-        self.forward_passes += 1
-        return out.logits[0]
-
-
-class FastDLLMRunner:
-    """Fast-dLLM dual cache: a full forward over [prompt | canvas] at each block start gives the
-    block's first logits and every position's KV; later steps forward only the block's tokens,
-    attending to the cached prompt, finished blocks and (stale) future masks."""
-
-    def __init__(self, model: DiffusionLM, attention: AttentionBackend, prompt_ids: torch.Tensor,
-                 block_length: int, layer_fns: LayerFunctions | None = None) -> None:
-        self.model, self.attention, self.layer_fns = model, attention, layer_fns
-        device = model.embed_tokens.weight.device
-        self.prompt = prompt_ids.to(device)
-        self.block_length = block_length
-        self.forward_passes = 0
-        self._first_logits: torch.Tensor | None = None  # [G, V] aligned to answer slots
-        self._anchor: torch.Tensor | None = None  # [V] row before the block (shifted models)
-        self._past = None
-        self._key_valid: torch.Tensor | None = None  # [1, n + block] over [cached sequence | fresh block]
-
-    def block_start(self, block: int, answer: torch.Tensor) -> None:
-        cfg, p = self.model.cfg, self.prompt.numel()
-        seq = torch.cat((self.prompt, answer))[None]
-        positions = torch.arange(seq.shape[1], device=seq.device)[None]
-        lo, hi = p + block * self.block_length, p + (block + 1) * self.block_length
-        rows = prediction_rows(torch.arange(lo, hi, device=seq.device), cfg.logits_shifted)
-        out = self.model(seq, positions, full_mask(), self.attention, logits_rows=rows, layer_fns=self.layer_fns)
-        self.forward_passes += 1
-        self._first_logits = out.logits[0]
-        self._anchor = out.logits[0, 0]
-        # Keys are position-stamped (post-RoPE), so attending to the cached [prefix | block | suffix]
-        # with the block's stale slots masked, plus the fresh block, equals overwriting the block's
-        # slots in place. Masking instead of cutting the block out keeps no second copy of the
-        # whole sequence's KV (64 GiB for LLaDA-8B at 128K tokens).
-        self._past = out.kv
-        n = seq.shape[1]
-        stale = (torch.arange(n, device=seq.device) >= lo) & (torch.arange(n, device=seq.device) < hi)
-        self._key_valid = torch.cat((~stale, torch.ones(hi - lo, dtype=torch.bool, device=seq.device)))[None]
-        self._block_pos = positions[:, lo:hi]
-
-    def block_done(self, block: int, answer: torch.Tensor) -> None:
-        pass
-
-    def slot_logits(self, block: int, answer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        lo = block * self.block_length
-        if self._first_logits is not None:
-            first, self._first_logits = self._first_logits, None
-            return first[slots - lo]
-        self.forward_passes += 1
-        anchor = self._anchor if self.model.cfg.logits_shifted else None
-        return block_logits(self.model, self.attention, answer[None, lo:lo + self.block_length], self._block_pos,
-                            full_mask(key_valid=self._key_valid), self._past, slots - lo, anchor, self.layer_fns)
-
-
-def dense_decode(model: DiffusionLM, attention: AttentionBackend, prompt_ids: torch.Tensor,
-                 params: SamplingParams, generator: torch.Generator | None
-                 ) -> Generator[DecodeStep, None, DecodeOutcome]:
-    """The vanilla loop: decodes after `prompt_ids` ([P] long), recomputing everything each step."""
-    device = model.embed_tokens.weight.device
-    return run_blocks(DenseRunner(model, attention, prompt_ids), model.cfg, params, generator, device)

@@ -1,7 +1,7 @@
 """Static decoding on the GPU fast path: split-KV attention over the document's chunk pages, the
 answer's KV written in place, and one captured CUDA graph per question for the block forward.
 
-It computes what `engine.decode.static.StaticRunner` computes (the same attention structure, see
+It computes what `engine.decode.static.StaticDecoder` computes (the same attention structure, see
 that module), but nothing is gathered or concatenated per step: every layer attends to
 - the selected chunks, read in place from the document's cache (`engine.attention.split_kv`), and
 - a preallocated tail [prefix | question | answer slots], where each block forward writes the
@@ -13,9 +13,14 @@ elementwise work.
 
 The question's own pass runs over the same pages and tail (`QueryPass`): its rows, padded to a
 multiple of QUERY_ROUND, write their KV into the tail after the prefix (whose KV does not depend on
-the question and is computed once per prefix, `PagedDecodeCache.prefix_kv`) and attend to the pages
-and to each other; the BOS anchors come from the kernel's log-sum-exp. So nothing is placed or
-concatenated per question, and that pass too replays a captured graph.
+the question and is computed once per prefix) and attend to the pages and to each other; the BOS
+anchors come from the kernel's log-sum-exp. So nothing is placed or concatenated per question, and
+that pass too replays a captured graph.
+
+The runner keeps what one question leaves for the next (`paged_decoder`): the context's buffers,
+the block forward and the question passes with their graphs, and the prefix's KV. A question of
+the same layout refills the buffers and replays the graphs: no allocation and no capture, which
+otherwise cost several decode steps.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.attention import AttentionBackend, full_mask
+from engine.attention import full_mask
 from engine.attention.split_kv import (
     PagedKV,
     SplitPlan,
@@ -39,10 +44,11 @@ from engine.cuda_graphs import GraphedCall
 from engine.decode.loop import slot_logits_from_rows
 from engine.decode.sampling import prediction_rows
 from engine.decode.static import SelectedChunks
-from engine.method.chunk_scorer import DraftPass, ScoringPass, draft_rows
 from engine.method.kv_cache import DocumentKV
+from engine.method.prompting import QuestionPrompt
 from engine.model.rope import shift_cos_sin
-from engine.model.transformer import AttendingCache, DiffusionLM, LayerFunctions, LayerKV
+from engine.model.transformer import AttendingCache, LayerKV
+from engine.runner import Runner
 
 
 def _write_and_attend(kv: PagedKV, plan: SplitPlan, slots: torch.Tensor, use_kernel: bool, q: torch.Tensor,
@@ -84,11 +90,7 @@ class _QueryPassLayer:
 
 TAIL_ROUND = 128  # tail capacity is rounded up to this, so questions of similar length share a layout
 QUERY_ROUND = 16  # the question's rows are padded to a multiple of this (one captured pass per size)
-MAX_QUERY_PASSES = 4  # question passes (sizes) a PagedDecodeCache keeps, least recently used dropped
-# Scoring passes kept (each a captured graph): a 128K-token document is scored in 3 passes per
-# question size at Dream-7B's shape, 10 at LLaDA-8B's (4 folds). The graphs share one memory pool,
-# so what each one adds is its small outputs.
-MAX_SCORING_PASSES = 32
+MAX_QUERY_PASSES = 4  # question passes (sizes) a runner keeps over its paged context, least recently used dropped
 
 
 def query_rows(query_len: int) -> int:
@@ -110,7 +112,7 @@ class PagedContext:
     bos_keys: torch.Tensor  # [L, K, Hkv, D]: each layer's page BOS keys (PagedKV.bos_keys)
 
 
-def build_paged_context(model: DiffusionLM, document: DocumentKV, chunk_ids: list[int], chunks: SelectedChunks,
+def build_paged_context(runner: Runner, document: DocumentKV, chunk_ids: list[int], chunks: SelectedChunks,
                         prefix_kv: list[LayerKV], query_len: int, answer_start: int, gen_length: int,
                         block_length: int, use_kernel: bool, reuse: PagedContext | None = None) -> PagedContext:
     """Pages (the document's chunks, read in place) + a tail holding the prefix's KV, with rows left
@@ -122,7 +124,7 @@ def build_paged_context(model: DiffusionLM, document: DocumentKV, chunk_ids: lis
     in place and returned, so the graphs captured over them replay for this question, on this
     document or another.
     """
-    cfg, device = model.cfg, model.embed_tokens.weight.device
+    cfg, device = runner.cfg, runner.device
     k, c = chunks.tokens.shape
     prefix_len = prefix_kv[0][0].shape[2]
     cos, sin = shift_cos_sin(chunks.starts, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
@@ -192,22 +194,16 @@ class _BlockForward:
     """One forward of `length` rows over a paged context's layers: logits of `rows` ([R, V], None
     without rows); eager, or one captured CUDA graph replayed with new inputs."""
 
-    def __init__(self, model: DiffusionLM, attention: AttentionBackend, layers: list[AttendingCache], length: int,
-                 rows: torch.Tensor | None, use_graph: bool, layer_fns: LayerFunctions | None,
-                 device: torch.device) -> None:
-        self.model, self.attention, self.layers, self.rows = model, attention, layers, rows
-        self.layer_fns = layer_fns
-        self.ids = torch.zeros(1, length, dtype=torch.long, device=device)
-        self.positions = torch.zeros(1, length, dtype=torch.long, device=device)
-        self._call = GraphedCall(lambda: self._run(self.layer_fns), use_graph, "decode step")
+    def __init__(self, runner: Runner, layers: list[AttendingCache], length: int, rows: torch.Tensor | None,
+                 use_graph: bool, fixed_shape: bool) -> None:
+        self.runner, self.layers, self.rows, self.fixed_shape = runner, layers, rows, fixed_shape
+        self.ids = torch.zeros(1, length, dtype=torch.long, device=runner.device)
+        self.positions = torch.zeros(1, length, dtype=torch.long, device=runner.device)
+        self._call = GraphedCall(self._run, use_graph, "decode step")
 
-    @property
-    def use_graph(self) -> bool:
-        return self._call.use_graph
-
-    def _run(self, layer_fns: LayerFunctions | None) -> torch.Tensor | None:
-        logits = self.model(self.ids, self.positions, full_mask(), self.attention, past=self.layers,
-                            logits_rows=self.rows, return_kv=False, layer_fns=layer_fns).logits
+    def _run(self) -> torch.Tensor | None:
+        logits = self.runner.forward(self.ids, self.positions, full_mask(), past=self.layers, logits_rows=self.rows,
+                                     return_kv=False, fixed_shape=self.fixed_shape).logits
         return None if logits is None else logits[0]
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
@@ -225,10 +221,9 @@ class QueryPass:
     each layer's attention mass on each page's BOS and, for a shifted model, the last row's logits
     (the anchor that predicts answer slot 0)."""
 
-    def __init__(self, model: DiffusionLM, attention: AttentionBackend, ctx: PagedContext, rows: int,
-                 use_graph: bool, layer_fns: LayerFunctions | None) -> None:
-        cfg, device = model.cfg, ctx.slots.device
-        self.model, self.ctx, self.rows = model, ctx, rows
+    def __init__(self, runner: Runner, ctx: PagedContext, rows: int, use_graph: bool) -> None:
+        cfg, device = runner.cfg, ctx.slots.device
+        self.runner, self.ctx, self.rows = runner, ctx, rows
         num_pages = ctx.layers[0].kv.page_ids.numel()
         self.slots = torch.zeros(rows, dtype=torch.long, device=device)
         self.row_weights = torch.zeros(rows, dtype=torch.float32, device=device)
@@ -238,8 +233,8 @@ class QueryPass:
         layers = [_QueryPassLayer(base, plan, self.slots, self.row_weights, self.bos_mass[i], lse)
                   for i, base in enumerate(ctx.layers)]
         self.last_row = torch.zeros(1, dtype=torch.long, device=device)
-        self._forward = _BlockForward(model, attention, layers, rows, self.last_row if cfg.logits_shifted else None,
-                                      use_graph, layer_fns, device)
+        self._forward = _BlockForward(runner, layers, rows, self.last_row if cfg.logits_shifted else None,
+                                      use_graph, fixed_shape=False)
 
     def __call__(self, query_ids: list[int], query_start: int) -> torch.Tensor:
         """Runs the pass; sets `ctx.anchor_logits`; returns the BOS anchors [K, L] (on the host)."""
@@ -250,131 +245,33 @@ class QueryPass:
         ctx.tail_len.fill_(ctx.answer_row)  # keys: prefix and the real question rows
         self.row_weights.copy_((offsets < n).float() / n)
         self.last_row.fill_(n - 1)
-        ids = torch.full((1, self.rows), self.model.cfg.mask_token_id, dtype=torch.long)
+        ids = torch.full((1, self.rows), self.runner.cfg.mask_token_id, dtype=torch.long)
         ids[0, :n] = torch.tensor(query_ids)
         logits = self._forward(ids.to(device, non_blocking=True), (query_start + offsets)[None])
         ctx.anchor_logits = logits[0].clone() if logits is not None else None
         return self.bos_mass.T.cpu()
 
 
-def _keep_recent(store: dict, key, limit: int, fits, make):
-    """`store[key]` if `fits(it)`, else `make()` kept there; the entry becomes the most recently
-    used, and the least recently used are dropped beyond `limit` (each may hold a captured graph)."""
-    kept = store.pop(key, None)
-    if kept is None or not fits(kept):
-        kept = make()
-    store[key] = kept  # dicts keep insertion order: most recently used last
-    while len(store) > limit:
-        store.pop(next(iter(store)))
-    return kept
+def block_step(runner: Runner, ctx: PagedContext, block_length: int, use_graph: bool) -> _BlockForward:
+    """The answer block's forward over `ctx` (all of its rows' logits; slot 0 of a shifted model
+    takes the anchor): fixed shapes, one captured graph on CUDA."""
+    shifted = runner.cfg.logits_shifted
+    # Rows whose logits predict block slots 0..T-1 (slot 0 of a shifted model: the anchor).
+    rows = (prediction_rows(torch.arange(1, block_length + 1), shifted) - 1).clamp_min(0).to(runner.device)
+    return _BlockForward(runner, ctx.layers, block_length, rows, use_graph, fixed_shape=True)
 
 
-class PagedDecodeCache:
-    """What one question leaves for the next (one per engine): the paged context, the block forward
-    and the question passes (with their captured CUDA graphs), the prefix's KV, and the draft and
-    scoring passes (captured graphs too). A question with
-    the same layout (same document, K, kept tokens, tail capacity and block) refills the buffers and
-    replays the graphs: no allocation and no capture, which otherwise cost several decode steps."""
+class PagedStaticDecoder:
+    """A Decoder (see engine.decode.loop) over a PagedContext; `step` is `block_step`'s forward
+    over the same context (kept by the caller, so its graph replays for the next question)."""
 
-    def __init__(self) -> None:
-        self.context: PagedContext | None = None
-        self.step: _BlockForward | None = None
-        self.query_passes: dict[int, QueryPass] = {}  # by padded rows, over `context`
-        self.drafts: dict[tuple, DraftPass] = {}  # by (padded prompt rows, D, R)
-        self.scoring: dict[tuple, ScoringPass] = {}  # by (document KV, chunk range, layout shape)
-        self._scoring_pool: tuple | None = None  # the scoring graphs share one memory pool
-        self._prefix: tuple[DiffusionLM, tuple[int, ...], list[LayerKV]] | None = None
-
-    def prefix_kv(self, model: DiffusionLM, prefix_ids: list[int], compute) -> list[LayerKV]:
-        """The prefix's KV (it attends only to itself, so it is the same for every question and
-        document): `compute()` once per model and prefix."""
-        key = tuple(prefix_ids)
-        if self._prefix is None or self._prefix[0] is not model or self._prefix[1] != key:
-            self._prefix = (model, key, compute())
-        return self._prefix[2]
-
-    def query_pass(self, model: DiffusionLM, attention: AttentionBackend, ctx: PagedContext, rows: int,
-                   use_graph: bool, layer_fns: LayerFunctions | None) -> QueryPass:
-        """The pass of `rows` rows over `ctx`, kept while `ctx` is (its graph replays for ctx's buffers)."""
-        if self.context is not ctx:
-            self.context, self.step, self.query_passes = ctx, None, {}
-        return _keep_recent(self.query_passes, rows, MAX_QUERY_PASSES,
-                            lambda p: p.model is model and p._forward.layer_fns is layer_fns,
-                            lambda: QueryPass(model, attention, ctx, rows, use_graph, layer_fns))
-
-    def draft_pass(self, model: DiffusionLM, attention: AttentionBackend, prompt_len: int, slots: int, rounds: int,
-                   use_graph: bool, layer_fns: LayerFunctions | None) -> DraftPass:
-        """The draft pass for prompts of `prompt_len` tokens (padded; see DraftPass), kept across
-        questions and documents: it reads no document."""
-        rows = draft_rows(prompt_len)
-        return _keep_recent(self.drafts, (rows, slots, rounds), MAX_QUERY_PASSES,
-                            lambda p: p.model is model and p.layer_fns is layer_fns,
-                            lambda: DraftPass(model, attention, rows, slots, rounds, use_graph, layer_fns))
-
-    def scoring_passes(self, model: DiffusionLM, attention: AttentionBackend, doc: DocumentKV,
-                       ranges: list[tuple[int, int]], shape: tuple[int, int, int],
-                       layer_fns: LayerFunctions | None) -> list[ScoringPass]:
-        """The scoring forwards over `doc`'s chunk ranges (see ScoringPass), kept across questions,
-        with captured graphs on CUDA when the document's KV is on the model's device. Kept while
-        that KV tensor lives (a weak reference: the cache never keeps a document alive). A document
-        that needs more passes than are kept gets new eager ones: cycling through more than the
-        cache holds would recapture every pass on every question."""
-        for stale in [k for k, p in self.scoring.items() if p.keys_ref() is None]:
-            del self.scoring[stale]
-        if len(ranges) > MAX_SCORING_PASSES:
-            return [ScoringPass(model, attention, doc, start, end, shape, False, layer_fns) for start, end in ranges]
-        device = model.embed_tokens.weight.device
-        use_graph = device.type == "cuda" and doc.keys.device == device
-        if use_graph and self._scoring_pool is None:
-            self._scoring_pool = torch.cuda.graph_pool_handle()
-        pool = self._scoring_pool if use_graph else None
-
-        def fits(p: ScoringPass) -> bool:
-            return p.keys_ref() is doc.keys and p.model is model and p.layer_fns is layer_fns
-
-        # At most MAX_SCORING_PASSES ranges, each kept last: none of this document's evicts another.
-        return [_keep_recent(self.scoring, (id(doc.keys), start, end, shape), MAX_SCORING_PASSES, fits,
-                             lambda start=start, end=end: ScoringPass(model, attention, doc, start, end, shape,
-                                                                      use_graph, layer_fns, pool))
-                for start, end in ranges]
-
-    def release_pages(self) -> None:
-        """Drops the kept context's references to the document's KV once an answer is done, so
-        the cache never keeps a document alive (the KV pool decides that). A later question with
-        the same layout sets the pages again."""
-        if self.context is None:
-            return
-        for cache in self.context.layers:
-            empty = cache.kv.k_pages.new_empty((0, *cache.kv.k_pages.shape[1:]))
-            cache.kv = replace(cache.kv, k_pages=empty, v_pages=empty)
-
-
-class PagedStaticRunner:
-    """A StepRunner (see engine.decode.loop) over a PagedContext."""
-
-    def __init__(self, model: DiffusionLM, attention: AttentionBackend, ctx: PagedContext, block_length: int,
-                 use_graph: bool, layer_fns: LayerFunctions | None = None,
-                 cache: PagedDecodeCache | None = None) -> None:
-        self.model, self.ctx, self.block_length = model, ctx, block_length
+    def __init__(self, runner: Runner, ctx: PagedContext, block_length: int, step: _BlockForward) -> None:
+        assert step.layers is ctx.layers
+        self.runner, self.ctx, self.block_length, self._step = runner, ctx, block_length, step
         device = ctx.slots.device
-        shifted = model.cfg.logits_shifted
-        # Rows whose logits predict block slots 0..T-1 (slot 0 of a shifted model: the anchor).
-        step_rows = (prediction_rows(torch.arange(1, block_length + 1), shifted) - 1).clamp_min(0).to(device)
-        cached = cache.step if cache is not None else None
-        if (cached is not None and cached.layers is ctx.layers and cached.model is model
-                and cached.use_graph == use_graph and cached.layer_fns is layer_fns):
-            self._step = cached  # the same buffers: its graph (if captured) replays for this question
-        else:
-            self._step = _BlockForward(model, attention, ctx.layers, block_length, step_rows, use_graph, layer_fns,
-                                       device)
-        if cache is not None:
-            if cache.context is not ctx:
-                cache.query_passes = {}
-            cache.context, cache.step = ctx, self._step
         # The refresh of a finished block needs only its last row (the next block's anchor).
         last = torch.tensor([block_length - 1], device=device)
-        self._refresh = _BlockForward(model, attention, ctx.layers, block_length, last, use_graph=False,
-                                      layer_fns=layer_fns, device=device)
+        self._refresh = _BlockForward(runner, ctx.layers, block_length, last, use_graph=False, fixed_shape=True)
         self.anchor = ctx.anchor_logits
         self.forward_passes = 2  # the prefix and question passes of the static context
         self._offsets = torch.arange(block_length, device=device)
@@ -396,11 +293,62 @@ class PagedStaticRunner:
         self.forward_passes += 1
         block_rows = self._step(self._block_ids(block, answer), self._positions)  # [T, V]
         local = slots - block * self.block_length
-        return slot_logits_from_rows(block_rows[local], local, self.anchor, self.model.cfg.logits_shifted)
+        return slot_logits_from_rows(block_rows[local], local, self.anchor, self.runner.cfg.logits_shifted)
 
     def block_done(self, block: int, answer: torch.Tensor) -> None:
         self.forward_passes += 1
         last = self._refresh(self._block_ids(block, answer), self._positions)
-        if self.model.cfg.logits_shifted:
+        if self.runner.cfg.logits_shifted:
             self.anchor = last[0].clone()
 
+
+@dataclass
+class _PagedBuffers:
+    """What the paged route leaves in the runner for the next question: the context's buffers and
+    the block forward over them (with its captured graph)."""
+
+    context: PagedContext | None = None
+    step: _BlockForward | None = None
+
+
+def paged_decoder(runner: Runner, document: DocumentKV, chunk_ids: list[int], chunks: SelectedChunks,
+                  prompt: QuestionPrompt, query_start: int, gen_length: int,
+                  block_length: int) -> tuple[PagedStaticDecoder, torch.Tensor]:
+    """Static decoding over `document`'s pages `chunk_ids` in place: the prefix's KV (kept per
+    prefix: it attends only to itself, so it is the same for every question and document), the
+    question's pass over the pages, and a decoder for the answer's steps (captured graphs on CUDA).
+    Reuses the runner's buffers and graphs when the layout matches (see `build_paged_context`).
+    Returns the decoder and the BOS anchors of the question's pass ([K, L], on the host)."""
+    device, use_graph = runner.device, runner.uses_graphs
+    prefix_len = len(prompt.prefix_ids)
+
+    def prefix_pass() -> list[LayerKV]:
+        ids = torch.tensor(prompt.prefix_ids, device=device)[None]
+        return runner.forward(ids, torch.arange(prefix_len, device=device)[None], full_mask()).kv
+
+    prefix_kv = runner.kept("prefix kv", tuple(prompt.prefix_ids), 1, prefix_pass)
+    kept = runner.kept("paged buffers", None, 1, _PagedBuffers)
+    nq = len(prompt.query_ids)
+    ctx = build_paged_context(runner, document, chunk_ids, chunks, prefix_kv, nq, query_start + nq, gen_length,
+                              block_length, use_kernel=runner.split_kv_usable, reuse=kept.context)
+    if kept.context is not ctx:  # new buffers: the passes over the old ones go with them
+        runner.kept_items("paged query pass").clear()
+        kept.context, kept.step = ctx, None
+    rows = query_rows(nq)
+    query = runner.kept("paged query pass", rows, MAX_QUERY_PASSES, lambda: QueryPass(runner, ctx, rows, use_graph))
+    anchors = query(prompt.query_ids, query_start)
+    if kept.step is None:
+        kept.step = block_step(runner, ctx, block_length, use_graph)
+    return PagedStaticDecoder(runner, ctx, block_length, kept.step), anchors
+
+
+def release_pages(runner: Runner) -> None:
+    """Drops the kept context's references to the document's KV once an answer is done, so the
+    runner never keeps a document alive (the KV pool decides that). A later question with the same
+    layout sets the pages again."""
+    kept = runner.kept_items("paged buffers").get(None)
+    if kept is None or kept.context is None:
+        return
+    for cache in kept.context.layers:
+        empty = cache.kv.k_pages.new_empty((0, *cache.kv.k_pages.shape[1:]))
+        cache.kv = replace(cache.kv, k_pages=empty, v_pages=empty)

@@ -1,7 +1,7 @@
 """Decoding over static KV: the selected chunks' cached KV, the question's KV computed once, and
 only the active answer block recomputed per step.
 
-Attention structure (what a full recompute would need as its mask, see tests/test_method.py):
+Attention structure (what a full recompute would need as its mask, see tests/test_static_decode.py):
 the prefix sees itself; each chunk sees itself (its cached KV, encoded alone); the query sees
 prefix, chunks and query; a finished block sees everything before it and itself (its KV is
 refreshed once, when it is complete); the active block sees everything before it and itself.
@@ -16,12 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionBackend, full_mask
+from engine.attention import full_mask
 from engine.decode.loop import block_logits
 from engine.decode.sampling import prediction_rows
 from engine.method.kv_cache import flatten_chunks, gather_kept_tokens, place_chunks
 from engine.method.prompting import QuestionPrompt
-from engine.model.transformer import AttentionCapture, DiffusionLM, LayerFunctions, LayerKV
+from engine.model.transformer import AttentionCapture, LayerKV
+from engine.runner import Runner
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,6 @@ class FixedContext:
     forward_passes: int = 0
 
 
-def _device(model: DiffusionLM) -> torch.device:
-    return model.embed_tokens.weight.device
-
-
 def _bos_anchor_mass(attention: dict[int, torch.Tensor], bos_keys: torch.Tensor,
                      num_layers: int) -> torch.Tensor:
     """Mean over heads and query rows of the attention on each chunk's BOS key: [K, L]."""
@@ -70,18 +67,16 @@ def _cat_kv(a: list[LayerKV], b: list[LayerKV]) -> list[LayerKV]:
 
 
 @torch.inference_mode()
-def build_static_context(model: DiffusionLM, attention: AttentionBackend, prompt: QuestionPrompt,
-                         chunks: SelectedChunks, query_start: int,
-                         extra_ids: list[int] | None = None, layer_fns: LayerFunctions | None = None) -> FixedContext:
+def build_static_context(runner: Runner, prompt: QuestionPrompt, chunks: SelectedChunks, query_start: int,
+                         extra_ids: list[int] | None = None) -> FixedContext:
     """Prefix KV (alone), the placed chunk KV (re-rotated, no re-encode), then the query's KV once.
 
-    `extra_ids` are appended to the query (used when re-selecting with a partial answer);
-    `layer_fns`: the layers' halves around attention (default eager).
+    `extra_ids` are appended to the query (used when re-selecting with a partial answer).
     """
-    cfg, device = model.cfg, _device(model)
+    cfg, device = runner.cfg, runner.device
     p = len(prompt.prefix_ids)
-    prefix = model(torch.tensor(prompt.prefix_ids, device=device)[None],
-                   torch.arange(p, device=device)[None], full_mask(), attention, layer_fns=layer_fns)
+    prefix = runner.forward(torch.tensor(prompt.prefix_ids, device=device)[None],
+                            torch.arange(p, device=device)[None], full_mask())
     placed_k = flatten_chunks(place_chunks(chunks.keys.to(device), chunks.starts, cfg.rope_theta,
                                            cfg.rope_scaling_factor))
     placed_v = flatten_chunks(chunks.values.to(device))
@@ -91,12 +86,10 @@ def build_static_context(model: DiffusionLM, attention: AttentionBackend, prompt
     nq = len(q_ids)
     key_valid = torch.cat((valid, torch.ones(nq, dtype=torch.bool, device=device)))[None]
     bos_keys = p + torch.arange(chunks.num_chunks, device=device) * chunks.keys.shape[3]
-    query = model(torch.tensor(q_ids, device=device)[None],
-                  (query_start + torch.arange(nq, device=device))[None], full_mask(key_valid=key_valid),
-                  attention, past=past,
-                  logits_rows=torch.tensor([nq - 1], device=device) if cfg.logits_shifted else None,
-                  capture=AttentionCapture(tuple(range(cfg.num_layers)), torch.arange(nq, device=device)),
-                  layer_fns=layer_fns)
+    query = runner.forward(torch.tensor(q_ids, device=device)[None],
+                           (query_start + torch.arange(nq, device=device))[None], full_mask(key_valid=key_valid),
+                           past=past, logits_rows=torch.tensor([nq - 1], device=device) if cfg.logits_shifted else None,
+                           capture=AttentionCapture(tuple(range(cfg.num_layers)), torch.arange(nq, device=device)))
     return FixedContext(
         kv=_cat_kv(past, query.kv), key_valid=key_valid, answer_start=query_start + nq,
         anchor_logits=query.logits[0, 0] if cfg.logits_shifted else None,
@@ -104,15 +97,14 @@ def build_static_context(model: DiffusionLM, attention: AttentionBackend, prompt
 
 
 @torch.inference_mode()
-def build_joint_context(model: DiffusionLM, attention: AttentionBackend, prompt: QuestionPrompt,
-                        chunks: SelectedChunks, query_start: int, gen_length: int,
-                        block_length: int, layer_fns: LayerFunctions | None = None) -> FixedContext:
+def build_joint_context(runner: Runner, prompt: QuestionPrompt, chunks: SelectedChunks, query_start: int,
+                        gen_length: int, block_length: int) -> FixedContext:
     """Re-encodes [prefix | chunks | query | answer masks] together once (full attention).
 
     The prompt part's KV becomes the fixed context (token selection, if any, applied per head
     afterwards); the mask rows' logits serve block 0's first step, as in the authors' best setting.
     """
-    cfg, device = model.cfg, _device(model)
+    cfg, device = runner.cfg, runner.device
     p, nq = len(prompt.prefix_ids), len(prompt.query_ids)
     k, c = chunks.tokens.shape
     answer_start = query_start + nq
@@ -127,9 +119,9 @@ def build_joint_context(model: DiffusionLM, attention: AttentionBackend, prompt:
     slots = fixed_len + torch.arange(block_length)
     rows = prediction_rows(slots, cfg.logits_shifted)
     q_rows = torch.arange(p + k * c, fixed_len)
-    out = model(ids.to(device)[None], positions.to(device)[None], full_mask(key_valid=valid.to(device)[None]),
-                attention, logits_rows=rows.to(device),
-                capture=AttentionCapture(tuple(range(cfg.num_layers)), q_rows.to(device)), layer_fns=layer_fns)
+    out = runner.forward(ids.to(device)[None], positions.to(device)[None], full_mask(key_valid=valid.to(device)[None]),
+                         logits_rows=rows.to(device),
+                         capture=AttentionCapture(tuple(range(cfg.num_layers)), q_rows.to(device)))
     kv = [(kk[:, :, :fixed_len], vv[:, :, :fixed_len]) for kk, vv in out.kv]
     valid = valid[:fixed_len]
     if chunks.kept is not None:
@@ -160,14 +152,12 @@ def _select_tokens_in_joint(kv: list[LayerKV], valid: torch.Tensor, chunks: Sele
     return out, new_valid
 
 
-class StaticRunner:
+class StaticDecoder:
     """Logits for the active block over a FixedContext; finished blocks join the context."""
 
-    def __init__(self, model: DiffusionLM, attention: AttentionBackend, ctx: FixedContext,
-                 block_length: int,
-                 on_block_done: Callable[[int, torch.Tensor], FixedContext | None] | None = None,
-                 layer_fns: LayerFunctions | None = None) -> None:
-        self.model, self.attention, self.ctx, self.layer_fns = model, attention, ctx, layer_fns
+    def __init__(self, runner: Runner, ctx: FixedContext, block_length: int,
+                 on_block_done: Callable[[int, torch.Tensor], FixedContext | None] | None = None) -> None:
+        self.runner, self.ctx = runner, ctx
         self.block_length = block_length
         self.on_block_done = on_block_done
         self.forward_passes = ctx.forward_passes
@@ -191,8 +181,7 @@ class StaticRunner:
             return first[slots - lo]
         ids, positions, mask = self._block_inputs(block, answer)
         self.forward_passes += 1
-        return block_logits(self.model, self.attention, ids, positions, mask, self.ctx.kv, slots - lo,
-                            self.ctx.anchor_logits, self.layer_fns)
+        return block_logits(self.runner, ids, positions, mask, self.ctx.kv, slots - lo, self.ctx.anchor_logits)
 
     def block_done(self, block: int, answer: torch.Tensor) -> None:
         if self.on_block_done is not None:
@@ -202,10 +191,9 @@ class StaticRunner:
                 self.forward_passes += new_ctx.forward_passes
                 return
         ids, positions, mask = self._block_inputs(block, answer)
-        shifted = self.model.cfg.logits_shifted
-        out = self.model(ids, positions, mask, self.attention, past=self.ctx.kv,
-                         logits_rows=torch.tensor([self.block_length - 1], device=ids.device) if shifted else None,
-                         layer_fns=self.layer_fns)
+        shifted = self.runner.cfg.logits_shifted
+        last = torch.tensor([self.block_length - 1], device=ids.device) if shifted else None
+        out = self.runner.forward(ids, positions, mask, past=self.ctx.kv, logits_rows=last)
         self.forward_passes += 1
         self.ctx = FixedContext(
             kv=_cat_kv(self.ctx.kv, out.kv),

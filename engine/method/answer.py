@@ -1,7 +1,9 @@
 """Answering a question over prefilled documents: draft, score, select, place, decode.
 
 `stream_answer` yields `DecodeStep`s while the answer is denoised, then one `AnswerResult` whose
-trace says what was chosen and why (scores, kept tokens, BOS anchor attention, timings).
+trace says what was chosen and why (scores, kept tokens, BOS anchor attention, timings). Its
+phases are public functions of `(runner, documents, params)`, for profiling and tests:
+`draft_answer`, `score_chunks`, `select_chunks`, `gather_selected`, `answer_decoder`.
 """
 
 from __future__ import annotations
@@ -13,22 +15,23 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.attention import AttentionBackend, full_mask
-from engine.attention.split_kv import kernel_native, kernel_usable
-from engine.decode.loop import DecodeStep, DenseRunner, FastDLLMRunner, run_blocks
-from engine.decode.paged import PagedDecodeCache, PagedStaticRunner, build_paged_context, query_rows
+from engine.decode.baselines import DenseDecoder, FastDLLMDecoder
+from engine.decode.loop import DecodeStep, run_blocks
+from engine.decode.paged import PagedStaticDecoder, paged_decoder, release_pages
 from engine.decode.sampling import SamplingParams
 from engine.decode.static import (
     FixedContext,
     SelectedChunks,
-    StaticRunner,
+    StaticDecoder,
     build_joint_context,
     build_static_context,
 )
 from engine.method.chunk_scorer import (
+    Draft,
     ScoringParams,
+    ScoringRows,
     chunk_relevance,
-    draft_pseudo_labels,
+    kept_draft_pass,
     score_document,
     scoring_rows,
 )
@@ -43,8 +46,7 @@ from engine.method.scoring import (
     select_top_chunks,
     select_within_margin,
 )
-from engine.model.compiled_layers import layer_functions_for
-from engine.model.transformer import DiffusionLM, LayerFunctions
+from engine.runner import Runner
 
 # The modes that read the documents' cached chunk KV (and so score and select chunks), then the
 # baselines that run over the whole text with no chunking.
@@ -83,9 +85,6 @@ class AnswerParams:
     # and concatenated (the reference route); "auto" = paged wherever it runs natively (CUDA with
     # Triton, one document already on the GPU, no re-selection), else contiguous.
     static_layout: str = "auto"
-    # On CUDA, run the layers' halves around attention compiled (engine.model.compiled_layers) in every
-    # forward of a question; the first question in a process pays the compilation (seconds).
-    compile_layers: bool = True
 
     def __post_init__(self) -> None:
         if self.kv_mode not in KV_MODES:
@@ -146,6 +145,15 @@ class AnswerResult:
     stopped_early: bool = False
 
 
+@dataclass
+class ChunkScores:
+    """Every candidate chunk's score, in `chunk_pool` order."""
+
+    scores: torch.Tensor  # [N] fp32, higher = more relevant
+    anchors: torch.Tensor  # [N, L] fp32: attention mass on each chunk's BOS while scoring
+    token_scores: torch.Tensor | None  # [N, T] fp32 per scored target token (likelihood scorers), else None
+
+
 class _Clock:
     def __init__(self, device: torch.device) -> None:
         self.device, self.timings = device, {}
@@ -158,47 +166,62 @@ class _Clock:
         return now
 
 
-def _pool(documents: Sequence[DocumentKV]) -> list[ChunkRef]:
+def chunk_pool(documents: Sequence[DocumentKV]) -> list[ChunkRef]:
+    """Every chunk of the documents, in order: what scores and selections index."""
     return [ChunkRef(d, c) for d, doc in enumerate(documents) for c in range(doc.num_chunks)]
 
 
-def _score_all(model, attention, documents, rows, params: ScoringParams, layer_fns: LayerFunctions | None = None,
-               cache: PagedDecodeCache | None = None, interrupt_check: Callable[[], None] | None = None):
-    passes = None
-    if cache is not None:  # the engine keeps the passes (and their captured graphs) across questions
-        def passes(doc, ranges, shape):
-            return cache.scoring_passes(model, attention, doc, ranges, shape, layer_fns)
-    per_doc = [score_document(model, attention, doc, rows, params, layer_fns, passes, interrupt_check)
-               for doc in documents]
-    scores = torch.cat([s.scores for s in per_doc]) if per_doc else torch.zeros(0)
-    layers = model.cfg.num_layers
-    anchors = torch.cat([s.anchors for s in per_doc]) if per_doc else torch.zeros(0, layers)
+def _ordinals(documents: Sequence[DocumentKV], refs: Sequence[ChunkRef]) -> list[int]:
+    """Each ref's index in `chunk_pool(documents)`."""
+    offsets = [0]
+    for doc in documents:
+        offsets.append(offsets[-1] + doc.num_chunks)
+    return [offsets[r.document] + r.chunk for r in refs]
+
+
+def draft_answer(runner: Runner, prompt: QuestionPrompt, params: AnswerParams) -> Draft | None:
+    """The draft's pseudo-labels when the scorer reads them, else None (one kept pass per padded
+    prompt length: a captured graph on CUDA)."""
+    sp = params.scoring
+    if sp.scorer != "draft_self_information" or params.kv_mode in BASELINE_KV_MODES:
+        return None
+    prompt_ids = prompt.prefix_ids + prompt.query_ids
+    return kept_draft_pass(runner, len(prompt_ids), sp.draft_slots, sp.draft_rounds)(prompt_ids)
+
+
+def score_chunks(runner: Runner, documents: Sequence[DocumentKV], rows: ScoringRows, params: ScoringParams,
+                 interrupt_check: Callable[[], None] | None = None) -> ChunkScores:
+    """Scores every chunk of every document (the runner keeps the passes across questions)."""
+    per_doc = [score_document(runner, doc, rows, params, interrupt_check) for doc in documents]
+    if not per_doc:
+        return ChunkScores(torch.zeros(0), torch.zeros(0, runner.cfg.num_layers), None)
     by_token = [s.token_scores for s in per_doc]
-    token_scores = torch.cat(by_token) if per_doc and all(t is not None for t in by_token) else None
-    return scores, anchors, token_scores
+    return ChunkScores(scores=torch.cat([s.scores for s in per_doc]), anchors=torch.cat([s.anchors for s in per_doc]),
+                       token_scores=torch.cat(by_token) if all(t is not None for t in by_token) else None)
 
 
-def _dynamic_layers(model: DiffusionLM, params: AnswerParams) -> LayerFunctions | None:
-    """Layer halves for forwards of varying shapes (scoring, context passes, contiguous decoding and
-    the baselines): compiled with dynamic shapes on CUDA."""
-    return layer_functions_for(model.embed_tokens.weight.device, params.compile_layers, dynamic=True)
-
-
-def _select(scores: torch.Tensor, token_scores: torch.Tensor | None, params: AnswerParams) -> torch.Tensor:
+def select_chunks(scored: ChunkScores, priors: torch.Tensor | None, params: AnswerParams) -> torch.Tensor:
+    """Pure: the chosen candidates' indices ([K] long, by fused score). Selection sees the scores
+    fused with the priors; the trace keeps the scorer's own (what a weak-score warning reads: a
+    prior of 1 on the best BM25 match would hide that no chunk explains the question)."""
+    if scored.scores.numel() == 0:
+        return torch.zeros(0, dtype=torch.long)
+    scores = fuse_scores(scored.scores, priors, params.prior_weight)
     k = auto_top_k(scores, 1, params.max_auto_k) if params.auto_k else params.top_k
     if params.coverage_gain is not None:  # the margin then keeps near-best chunks that add nothing
-        return select_by_coverage(scores, token_scores, k, params.coverage_gain, params.score_margin)
+        return select_by_coverage(scores, scored.token_scores, k, params.coverage_gain, params.score_margin)
     if params.score_margin is not None:
         return select_within_margin(scores, k, params.score_margin)
     return select_top_chunks(scores, k)
 
 
-def _gather_selected(model, attention, documents, refs: list[ChunkRef], rows, params: AnswerParams,
-                     ordinals: list[int], total: int, prefix_len: int, stack_kv: bool = True
-                     ) -> tuple[SelectedChunks, list[list[int]], int]:
-    """Stacks the selected chunks' KV (unless `stack_kv` is False: the paged route reads it in
-    place), applies token selection, computes their positions."""
-    cfg = model.cfg
+def gather_selected(runner: Runner, documents: Sequence[DocumentKV], refs: list[ChunkRef], rows: ScoringRows,
+                    params: AnswerParams, prefix_len: int, stack_kv: bool = True
+                    ) -> tuple[SelectedChunks, list[list[int]], int]:
+    """The selected chunks ready to place: their KV stacked (unless `stack_kv` is False: the paged
+    route reads it in place), token selection applied, their positions. Also returns, per chunk and
+    token, how many (layer, KV head) pairs keep it, and where the query starts."""
+    cfg = runner.cfg
     keys = values = None
     if stack_kv:
         keys = torch.stack([documents[r.document].keys[:, r.chunk] for r in refs], 1)  # [L, K, Hkv, C, D]
@@ -210,10 +233,8 @@ def _gather_selected(model, attention, documents, refs: list[ChunkRef], rows, pa
     valid = torch.arange(c)[None, :] < lengths[:, None]
     counts = [[cfg.num_layers * cfg.num_kv_heads] * int(n) for n in lengths]
     if params.token_budget > 0 and params.token_budget < c:
-        relevance = torch.cat([
-            chunk_relevance(model, attention, documents[r.document], torch.tensor([r.chunk]), rows,
-                            _dynamic_layers(model, params))
-            for r in refs])  # [K, L, Hkv, C]
+        relevance = torch.cat([chunk_relevance(runner, documents[r.document], torch.tensor([r.chunk]), rows)
+                               for r in refs])  # [K, L, Hkv, C]
         kept, valid = select_kept_tokens(relevance, lengths, params.token_budget, params.pool_kernel)
         if params.kv_mode == "static" and stack_kv:
             keys, values = gather_kept_tokens(keys, kept), gather_kept_tokens(values, kept)
@@ -223,7 +244,9 @@ def _gather_selected(model, attention, documents, refs: list[ChunkRef], rows, pa
             live = kept[j][..., valid[j]].flatten()
             hits.scatter_add_(0, live, torch.ones_like(live))
             counts.append(hits[:n].tolist())
-    starts, query_start = chunk_deltas(params.position_mode, prefix_len, c, torch.tensor(ordinals), total)
+    total = sum(d.num_chunks for d in documents)
+    starts, query_start = chunk_deltas(params.position_mode, prefix_len, c, torch.tensor(_ordinals(documents, refs)),
+                                       total)
     chunks = SelectedChunks(keys=keys, values=values, valid=valid, starts=starts, tokens=tokens,
                             lengths=lengths, kept=kept)
     return chunks, counts, query_start
@@ -239,11 +262,8 @@ def _dense_prompt(prompt: QuestionPrompt, documents: Sequence[DocumentKV], bos_i
 
 
 @torch.inference_mode()
-def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
-                  documents: Sequence[DocumentKV], question: str | QuestionPrompt,
-                  params: AnswerParams = AnswerParams(),
-                  paged_cache: PagedDecodeCache | None = None,
-                  interrupt_check: Callable[[], None] | None = None,
+def stream_answer(runner: Runner, tokenizer, documents: Sequence[DocumentKV], question: str | QuestionPrompt,
+                  params: AnswerParams = AnswerParams(), interrupt_check: Callable[[], None] | None = None,
                   chunk_priors: Sequence[Sequence[float]] | None = None) -> Iterator[DecodeStep | AnswerResult]:
     """Yields a DecodeStep per denoising step, then the AnswerResult.
 
@@ -251,74 +271,56 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
     scores (`params.prior_weight` nats at 1) before selection; the app gives BM25's.
 
     `question` is text, or an already tokenized QuestionPrompt (benchmarks with random models use
-    that and pass no tokenizer; the result's text is then empty). `paged_cache` (one per engine)
-    lets the paged route reuse the previous question's buffers and CUDA graph. `interrupt_check`
-    is called between the phases and the scoring passes, before any decode step; it raises to stop
-    the question (the caller checks between decode steps itself, where this generator yields).
+    that and pass no tokenizer; the result's text is then empty). The runner keeps the passes and
+    buffers one question leaves for the next. `interrupt_check` is called between the phases and
+    the scoring passes, before any decode step; it raises to stop the question (the caller checks
+    between decode steps itself, where this generator yields).
     """
-    cfg = model.cfg
-    device = model.embed_tokens.weight.device
-    clock = _Clock(device)
+    cfg = runner.cfg
+    clock = _Clock(runner.device)
     t = time.perf_counter()
     if isinstance(question, QuestionPrompt):
         prompt = question
     else:
         prompt = build_question_prompt(tokenizer, question, cfg.bos_token_id, params.instruction,
                                        params.use_chat_template)
-    sp = params.scoring
     baseline = params.kv_mode in BASELINE_KV_MODES  # no chunking, nothing to score
-    draft = None
-    if sp.scorer == "draft_self_information" and not baseline:
-        prompt_ids = prompt.prefix_ids + prompt.query_ids
-        if paged_cache is not None:  # one captured graph per padded prompt length, kept by the engine
-            draft = paged_cache.draft_pass(model, attention, len(prompt_ids), sp.draft_slots, sp.draft_rounds,
-                                           device.type == "cuda", _dynamic_layers(model, params))(prompt_ids)
-        else:
-            draft = draft_pseudo_labels(model, attention, prompt_ids, sp.draft_slots, sp.draft_rounds,
-                                        _dynamic_layers(model, params))
+    draft = draft_answer(runner, prompt, params)
     t = clock.lap("draft", t)
     if interrupt_check is not None:
         interrupt_check()
-    rows = scoring_rows(prompt.query_ids, prompt.question_span, draft, sp.window, cfg.logits_shifted)
-    candidates = [] if baseline else _pool(documents)
+    rows = scoring_rows(prompt.query_ids, prompt.question_span, draft, params.scoring.window, cfg.logits_shifted)
+    candidates = [] if baseline else chunk_pool(documents)
     priors = None if chunk_priors is None else torch.tensor([p for doc in chunk_priors for p in doc])  # [N]
     if baseline:
-        scores, anchors_scoring, token_scores = torch.zeros(0), torch.zeros(0, cfg.num_layers), None
+        scored = ChunkScores(torch.zeros(0), torch.zeros(0, cfg.num_layers), None)
     else:
-        scores, anchors_scoring, token_scores = _score_all(model, attention, documents, rows, sp,
-                                                           _dynamic_layers(model, params), paged_cache,
-                                                           interrupt_check)
+        scored = score_chunks(runner, documents, rows, params.scoring, interrupt_check)
     t = clock.lap("scoring", t)
-    # Selection sees the fused scores; the trace keeps the scorer's own (what a weak-score warning
-    # reads: a prior of 1 on the best BM25 match would hide that no chunk explains the question).
-    fused = fuse_scores(scores, priors, params.prior_weight) if candidates else scores
-    chosen = _select(fused, token_scores, params) if candidates else torch.zeros(0, dtype=torch.long)
+    chosen = select_chunks(scored, priors, params)
     refs = [candidates[i] for i in chosen.tolist()]
-    generator = torch.Generator(device=device).manual_seed(params.sampling.seed)
-    trace = AnswerTrace(candidates=candidates, scores=scores.tolist(), selected=refs,
+    generator = torch.Generator(device=runner.device).manual_seed(params.sampling.seed)
+    trace = AnswerTrace(candidates=candidates, scores=scored.scores.tolist(), selected=refs,
                         priors=priors.tolist() if priors is not None and candidates else [],
-                        selected_scores=[float(scores[i]) for i in chosen.tolist()], kept_tokens=[],
-                        anchors_scoring=anchors_scoring, anchors_decode=None,
+                        selected_scores=[float(scored.scores[i]) for i in chosen.tolist()], kept_tokens=[],
+                        anchors_scoring=scored.anchors, anchors_decode=None,
                         draft_ids=draft.tokens[draft.committed].tolist() if draft is not None else [],
                         timings=clock.timings)
     t = clock.lap("selection", t)
 
     if baseline:
         ids = _dense_prompt(prompt, documents, cfg.bos_token_id)
-        # The baselines get the same compiled layers as the method (fair timings).
         if params.kv_mode == "dense":
-            runner = DenseRunner(model, attention, ids, _dynamic_layers(model, params))
+            decoder = DenseDecoder(runner, ids)
         else:
-            runner = FastDLLMRunner(model, attention, ids, params.sampling.block_length, _dynamic_layers(model, params))
+            decoder = FastDLLMDecoder(runner, ids, params.sampling.block_length)
     else:
-        runner = _method_runner(model, attention, documents, prompt, rows, refs, chosen, params, trace, paged_cache,
-                                priors)
+        decoder = answer_decoder(runner, documents, prompt, rows, refs, params, trace, priors)
     t = clock.lap("kv_build", t)
     try:
-        outcome = yield from run_blocks(runner, cfg, params.sampling, generator, device)
+        outcome = yield from run_blocks(decoder, cfg, params.sampling, generator, runner.device)
     finally:  # also when the caller stops listening mid-answer
-        if paged_cache is not None:
-            paged_cache.release_pages()
+        release_pages(runner)
     clock.lap("decode", t)
     trace.steps, trace.forward_passes = outcome.steps, outcome.forward_passes
     text = tokenizer.decode(outcome.answer_ids, skip_special_tokens=True).strip() if tokenizer is not None else ""
@@ -326,7 +328,8 @@ def stream_answer(model: DiffusionLM, attention: AttentionBackend, tokenizer,
                        stopped_early=outcome.stopped_early)
 
 
-def _use_paged(model: DiffusionLM, documents: Sequence[DocumentKV], params: AnswerParams) -> bool:
+def uses_paged_layout(runner: Runner, documents: Sequence[DocumentKV], params: AnswerParams) -> bool:
+    """Whether static decoding reads the pages in place (see AnswerParams.static_layout)."""
     if params.kv_mode != "static" or params.static_layout == "contiguous":
         return False
     single = len(documents) == 1 and params.reselect_every == 0
@@ -334,86 +337,56 @@ def _use_paged(model: DiffusionLM, documents: Sequence[DocumentKV], params: Answ
         if not single:
             raise ValueError("static_layout 'paged' serves one document without re-selection")
         return True
-    device = model.embed_tokens.weight.device
-    return single and documents[0].device == device and kernel_native(device, model.cfg.head_dim)
+    return single and documents[0].device == runner.device and runner.split_kv_native
 
 
-def _paged_runner(model, attention, document: DocumentKV, prompt: QuestionPrompt, rows, refs, chosen,
-                  params: AnswerParams, trace: AnswerTrace, total: int,
-                  cache: PagedDecodeCache | None) -> PagedStaticRunner:
-    """Static decoding over the document's pages in place: the prefix's KV (cached per prefix), the
-    question's pass over the pages, then the answer's steps (captured graphs on CUDA)."""
-    device = model.embed_tokens.weight.device
-    cache = cache if cache is not None else PagedDecodeCache()
+def answer_decoder(runner: Runner, documents: Sequence[DocumentKV], prompt: QuestionPrompt, rows: ScoringRows,
+                   refs: list[ChunkRef], params: AnswerParams, trace: AnswerTrace,
+                   priors: torch.Tensor | None = None) -> StaticDecoder | PagedStaticDecoder:
+    """Places the selected chunks and the question (the static or joint context, paged or
+    contiguous) and returns the decoder of the answer's steps, with re-selection per block when
+    `params.reselect_every`. Fills the trace's kept tokens, BOS anchors and layout."""
+    if not refs:
+        raise ValueError("no chunk to answer from: the documents are empty")
     prefix_len = len(prompt.prefix_ids)
-    chunks, trace.kept_tokens, query_start = _gather_selected(model, attention, [document], refs, rows, params,
-                                                              chosen.tolist(), total, prefix_len, stack_kv=False)
-    dynamic = _dynamic_layers(model, params)
+    sampling = params.sampling
+    if uses_paged_layout(runner, documents, params):
+        chunks, trace.kept_tokens, query_start = gather_selected(runner, documents, refs, rows, params, prefix_len,
+                                                                 stack_kv=False)
+        decoder, trace.anchors_decode = paged_decoder(runner, documents[0], [r.chunk for r in refs], chunks, prompt,
+                                                      query_start, sampling.gen_length, sampling.block_length)
+        trace.static_layout = "paged"
+        return decoder
 
-    def prefix_pass() -> list:
-        ids = torch.tensor(prompt.prefix_ids, device=device)[None]
-        positions = torch.arange(prefix_len, device=device)[None]
-        return model(ids, positions, full_mask(), attention, layer_fns=dynamic).kv
-
-    prefix_kv = cache.prefix_kv(model, prompt.prefix_ids, prefix_pass)
-    nq = len(prompt.query_ids)
-    paged = build_paged_context(model, document, [r.chunk for r in refs], chunks, prefix_kv, nq, query_start + nq,
-                                params.sampling.gen_length, params.sampling.block_length,
-                                use_kernel=kernel_usable(device, model.cfg.head_dim), reuse=cache.context)
-    use_graph = device.type == "cuda"
-    query = cache.query_pass(model, attention, paged, query_rows(nq), use_graph, dynamic)
-    trace.anchors_decode = query(prompt.query_ids, query_start)
-    trace.static_layout = "paged"
-    return PagedStaticRunner(model, attention, paged, params.sampling.block_length, use_graph=use_graph,
-                             layer_fns=layer_functions_for(device, params.compile_layers, dynamic=False),
-                             cache=cache)
-
-
-def _method_runner(model, attention, documents, prompt, rows, refs, chosen, params: AnswerParams,
-                   trace: AnswerTrace, paged_cache: PagedDecodeCache | None,
-                   priors: torch.Tensor | None = None) -> StaticRunner | PagedStaticRunner:
-    """Static or joint context over the selected chunks, with optional re-selection per block."""
-    total = sum(d.num_chunks for d in documents)
-    prefix_len = len(prompt.prefix_ids)
-
-    def context_for(sel_refs, sel_ordinals, extra_ids=None) -> tuple[FixedContext, list[list[int]], SelectedChunks]:
-        if not sel_refs:
-            raise ValueError("no chunk to answer from: the documents are empty")
+    def context_for(sel_refs: list[ChunkRef], extra_ids: list[int] | None = None
+                    ) -> tuple[FixedContext, list[list[int]]]:
         joint = params.kv_mode == "joint" and extra_ids is None  # re-encodes the chunks' tokens
-        chunks, counts, query_start = _gather_selected(model, attention, documents, sel_refs, rows, params,
-                                                       sel_ordinals, total, prefix_len, stack_kv=not joint)
-        layer_fns = _dynamic_layers(model, params)
+        chunks, counts, query_start = gather_selected(runner, documents, sel_refs, rows, params, prefix_len,
+                                                      stack_kv=not joint)
         if joint:
-            ctx = build_joint_context(model, attention, prompt, chunks, query_start,
-                                      params.sampling.gen_length, params.sampling.block_length, layer_fns)
+            ctx = build_joint_context(runner, prompt, chunks, query_start, sampling.gen_length, sampling.block_length)
         else:
-            ctx = build_static_context(model, attention, prompt, chunks, query_start, extra_ids, layer_fns)
-        return ctx, counts, chunks
+            ctx = build_static_context(runner, prompt, chunks, query_start, extra_ids)
+        return ctx, counts
 
-    if _use_paged(model, documents, params):
-        return _paged_runner(model, attention, documents[0], prompt, rows, refs, chosen, params, trace, total,
-                             paged_cache)
-    ctx, trace.kept_tokens, chunks = context_for(refs, chosen.tolist())
+    ctx, trace.kept_tokens = context_for(refs)
     trace.anchors_decode = ctx.anchors
     answer_start = ctx.answer_start
 
     def reselect(block: int, answer: torch.Tensor) -> FixedContext | None:
-        if params.reselect_every <= 0 or (block + 1) % params.reselect_every:
+        if (block + 1) % params.reselect_every:
             return None
-        done = answer[:(block + 1) * params.sampling.block_length].tolist()
+        done = answer[:(block + 1) * sampling.block_length].tolist()
         # The partial answer plays the draft's part: the scored rows become query + answer so far.
         new_rows = dataclasses.replace(
             rows, ids=torch.cat((torch.tensor(prompt.query_ids), torch.tensor(done))),
             targets=torch.cat((rows.targets[:len(prompt.query_ids)], torch.ones(len(done), dtype=torch.bool))))
-        new_scores, _, new_token_scores = _score_all(model, attention, documents, new_rows, params.scoring,
-                                                     _dynamic_layers(model, params), paged_cache)
-        new_chosen = _select(fuse_scores(new_scores, priors, params.prior_weight), new_token_scores, params)
-        pool = _pool(documents)
+        new_chosen = select_chunks(score_chunks(runner, documents, new_rows, params.scoring), priors, params)
+        pool = chunk_pool(documents)
         new_refs = [pool[i] for i in new_chosen.tolist()]
         trace.reselections.append(new_refs)
-        new_ctx, _, _ = context_for(new_refs, new_chosen.tolist(), extra_ids=done)
+        new_ctx, _ = context_for(new_refs, extra_ids=done)
         return dataclasses.replace(new_ctx, answer_start=answer_start)
 
-    return StaticRunner(model, attention, ctx, params.sampling.block_length,
-                        on_block_done=reselect if params.reselect_every > 0 else None,
-                        layer_fns=_dynamic_layers(model, params))
+    return StaticDecoder(runner, ctx, sampling.block_length,
+                         on_block_done=reselect if params.reselect_every > 0 else None)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from engine.attention import AttentionBackend, dense_mask, full_mask
+from engine.attention import dense_mask, full_mask
 from engine.cuda_graphs import GraphedCall
 from engine.decode.loop import slot_logits_from_rows
 from engine.decode.sampling import propose
@@ -35,7 +35,8 @@ from engine.method.scoring import (
     masking_folds,
     mean_over_targets,
 )
-from engine.model.transformer import AttentionCapture, DiffusionLM, LayerFunctions
+from engine.model.transformer import AttentionCapture
+from engine.runner import Runner
 
 
 @dataclass(frozen=True)
@@ -83,11 +84,12 @@ class DocumentScores:
     token_scores: torch.Tensor | None = None
 
 
-def _device(model: DiffusionLM) -> torch.device:
-    return model.embed_tokens.weight.device
-
-
 DRAFT_ROUND = 16  # the prompt is padded to a multiple of this: one captured graph serves many questions
+MAX_DRAFT_PASSES = 4  # draft passes (padded prompt sizes) a runner keeps, least recently used dropped
+# Scoring passes a runner keeps (each a captured graph): a 128K-token document is scored in 3
+# passes per question size at Dream-7B's shape, 10 at LLaDA-8B's (4 folds). The graphs share one
+# memory pool, so what each one adds is its small outputs.
+MAX_SCORING_PASSES = 32
 
 
 def draft_rows(prompt_len: int) -> int:
@@ -105,11 +107,9 @@ class DraftPass:
     block forward: D=4, R=1 costs 2 forwards for Dream and 3 for LLaDA.
     """
 
-    def __init__(self, model: DiffusionLM, attention: AttentionBackend, rows: int, slots: int, rounds: int,
-                 use_graph: bool, layer_fns: LayerFunctions | None) -> None:
-        cfg, device = model.cfg, _device(model)
-        self.model, self.attention, self.rows, self.slots, self.rounds = model, attention, rows, slots, rounds
-        self.layer_fns = layer_fns
+    def __init__(self, runner: Runner, rows: int, slots: int, rounds: int, use_graph: bool) -> None:
+        cfg, device = runner.cfg, runner.device
+        self.runner, self.rows, self.slots, self.rounds = runner, rows, slots, rounds
         self.ids = torch.zeros(1, rows, dtype=torch.long, device=device)
         self.positions = torch.arange(rows, device=device)[None]
         self.key_valid = torch.zeros(1, rows + slots, dtype=torch.bool, device=device)  # prompt rows, then slots
@@ -123,9 +123,9 @@ class DraftPass:
         self._call = GraphedCall(self._run, use_graph, "draft")
 
     def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg, model = self.model.cfg, self.model
-        ctx = model(self.ids, self.positions, full_mask(self.key_valid[:, :self.rows]), self.attention,
-                    logits_rows=self.last_row, layer_fns=self.layer_fns)
+        cfg, runner = self.runner.cfg, self.runner
+        ctx = runner.forward(self.ids, self.positions, full_mask(self.key_valid[:, :self.rows]),
+                             logits_rows=self.last_row)
         anchor = ctx.logits[0, 0]  # [V]: predicts slot 0 for a shifted-logit model
         block = torch.full((1, self.slots), cfg.mask_token_id, dtype=torch.long, device=self.ids.device)
         committed = torch.zeros(self.slots, dtype=torch.bool, device=self.ids.device)
@@ -135,8 +135,8 @@ class DraftPass:
                 block[0, :1] = propose(anchor[None], 0.0, None, None, None).tokens
                 committed[:1].fill_(True)  # not `committed[0] = True`: that copies from the host
                 continue
-            out = model(block, self.block_positions, full_mask(self.key_valid), self.attention, past=ctx.kv,
-                        logits_rows=self.block_rows, return_kv=False, layer_fns=self.layer_fns)
+            out = runner.forward(block, self.block_positions, full_mask(self.key_valid), past=ctx.kv,
+                                 logits_rows=self.block_rows, return_kv=False)
             logits = slot_logits_from_rows(out.logits[0], self.slot_ids, anchor, cfg.logits_shifted)  # [D, V]
             proposal = propose(logits, 0.0, None, None, None)
             # Index with tensors only: tokens[pick] with a 0-d tensor would read it back to the host.
@@ -148,7 +148,7 @@ class DraftPass:
     def __call__(self, prompt_ids: list[int]) -> Draft:
         n = len(prompt_ids)
         assert 0 < n <= self.rows, f"prompt of {n} tokens, pass of {self.rows} rows"
-        ids = torch.full((1, self.rows), self.model.cfg.mask_token_id, dtype=torch.long)
+        ids = torch.full((1, self.rows), self.runner.cfg.mask_token_id, dtype=torch.long)
         ids[0, :n] = torch.tensor(prompt_ids)
         self.ids.copy_(ids)
         self.key_valid[0, :self.rows] = self.positions[0] < n
@@ -159,14 +159,20 @@ class DraftPass:
 
 
 @torch.inference_mode()
-def draft_pseudo_labels(model: DiffusionLM, attention: AttentionBackend, prompt_ids: list[int],
-                        slots: int, rounds: int, layer_fns: LayerFunctions | None = None,
+def draft_pseudo_labels(runner: Runner, prompt_ids: list[int], slots: int, rounds: int,
                         rows: int | None = None) -> Draft:
     """Context-free guess of the answer's first tokens: [prefix, query] + D mask slots, the R + 1
-    most confident committed (eager; `rows`: pad the prompt to this many rows, default its length).
-    Engines keep a `DraftPass` per padded length instead (engine.decode.paged.PagedDecodeCache)."""
-    draft = DraftPass(model, attention, rows or len(prompt_ids), slots, rounds, False, layer_fns)
-    return draft(prompt_ids)
+    most confident committed, by a pass made for this call, run eagerly (`rows`: pad the prompt to
+    this many rows, default its length): the reference for `kept_draft_pass`."""
+    return DraftPass(runner, rows or len(prompt_ids), slots, rounds, False)(prompt_ids)
+
+
+def kept_draft_pass(runner: Runner, prompt_len: int, slots: int, rounds: int) -> DraftPass:
+    """The runner's draft pass for prompts of `prompt_len` tokens (padded, see DraftPass), kept
+    across questions and documents (it reads no document); a captured graph on CUDA."""
+    rows = draft_rows(prompt_len)
+    return runner.kept("draft", (rows, slots, rounds), MAX_DRAFT_PASSES,
+                       lambda: DraftPass(runner, rows, slots, rounds, runner.uses_graphs))
 
 
 def scoring_rows(query_ids: list[int], question_span: tuple[int, int], draft: Draft | None,
@@ -263,13 +269,12 @@ class ScoringPass:
     fixed-address inputs filled per question; eager, or one captured CUDA graph. Returns the read
     rows' log-probabilities [b, F*T'] fp32 and the attention summary [b, L, 2] (BOS, content)."""
 
-    def __init__(self, model: DiffusionLM, attention: AttentionBackend, doc: DocumentKV, start: int, end: int,
-                 shape: tuple[int, int, int], use_graph: bool, layer_fns: LayerFunctions | None,
-                 pool: tuple | None = None) -> None:
-        cfg, device = model.cfg, _device(model)
+    def __init__(self, runner: Runner, doc: DocumentKV, start: int, end: int, shape: tuple[int, int, int],
+                 use_graph: bool, pool: tuple | None = None) -> None:
+        cfg, device = runner.cfg, runner.device
         rows, read, window = shape
         b, c = end - start, doc.chunk_size
-        self.model, self.attention, self.layer_fns, self.shape = model, attention, layer_fns, shape
+        self.runner, self.shape = runner, shape
         # Weak references: a kept pass must not keep the document's KV alive (a captured graph
         # reads it by address, and is only replayed while `keys_ref()` is the document's KV).
         self.keys_ref, self.values_ref = weakref.ref(doc.keys), weakref.ref(doc.values)
@@ -287,9 +292,9 @@ class ScoringPass:
 
     def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
         past = _past(self.keys_ref(), self.values_ref(), self.start, self.end, self.ids.device)
-        out = self.model(self.ids, self.positions, dense_mask(self.mask), self.attention, past=past,
-                         logits_rows=self.read, capture=self.capture, return_kv=False, layer_fns=self.layer_fns)
-        summary = torch.stack([out.attention[i] for i in range(self.model.cfg.num_layers)], 1)  # [b, L, 2]
+        out = self.runner.forward(self.ids, self.positions, dense_mask(self.mask), past=past,
+                                  logits_rows=self.read, capture=self.capture, return_kv=False)
+        summary = torch.stack([out.attention[i] for i in range(self.runner.cfg.num_layers)], 1)  # [b, L, 2]
         # log p(token) per read row, a few chunks at a time: the fp32 log-softmax over the
         # vocabulary is the largest temporary of the pass.
         lp = torch.cat([gather_log_probs(part, self.read_tokens[None].expand(part.shape[0], -1))
@@ -309,31 +314,27 @@ class ScoringPass:
 
 
 @torch.inference_mode()
-def score_document(model: DiffusionLM, attention: AttentionBackend, doc: DocumentKV,
-                   rows: ScoringRows, params: ScoringParams,
-                   layer_fns: LayerFunctions | None = None, passes=None,
-                   interrupt_check: Callable[[], None] | None = None) -> DocumentScores:
-    """Scores every chunk of one document in batched passes over its cached KV (`layer_fns`: the
-    layers' halves around attention, default eager; `passes(doc, ranges, shape)`: where to get
-    kept ScoringPasses for these chunk ranges from, e.g. with captured graphs; default new eager
-    ones). `interrupt_check` is called before each pass and raises to stop (a cancelled question:
-    scoring a long document is the longest stretch without a decode step)."""
-    cfg = model.cfg
+def score_document(runner: Runner, doc: DocumentKV, rows: ScoringRows, params: ScoringParams,
+                   interrupt_check: Callable[[], None] | None = None, keep_passes: bool = True) -> DocumentScores:
+    """Scores every chunk of one document in batched passes over its cached KV: the runner's kept
+    passes (`kept_scoring_passes`, captured graphs on CUDA), or with `keep_passes` False new eager
+    ones (the reference). `interrupt_check` is called before each pass and raises to stop (a
+    cancelled question: scoring a long document is the longest stretch without a decode step)."""
+    cfg = runner.cfg
     likelihood = params.scorer in LIKELIHOOD_SCORERS
     folds = masking_folds(rows.targets, params.llada_folds) if likelihood and not cfg.logits_shifted else None
     layout = scoring_layout(rows, folds, cfg.logits_shifted, cfg.mask_token_id)
     # On the model's device once per document, not once per pass.
-    layout = ScoringLayout(**{f.name: getattr(layout, f.name).to(_device(model)) for f in fields(ScoringLayout)})
+    layout = ScoringLayout(**{f.name: getattr(layout, f.name).to(runner.device) for f in fields(ScoringLayout)})
     scores = torch.empty(doc.num_chunks)
     anchors = torch.empty(doc.num_chunks, cfg.num_layers)
     valid_reads = torch.nonzero(layout.read_valid)[:, 0]  # [T]: once a document (a host sync), not a pass
     token_scores = torch.empty(doc.num_chunks, valid_reads.numel()) if likelihood else None
     ranges = chunk_batches(doc.num_chunks, layout.shape[0], params.max_rows)
-    if passes is None:
-        forwards = [ScoringPass(model, attention, doc, start, end, layout.shape, False, layer_fns)
-                    for start, end in ranges]
+    if keep_passes:
+        forwards = kept_scoring_passes(runner, doc, ranges, layout.shape)
     else:
-        forwards = passes(doc, ranges, layout.shape)
+        forwards = [ScoringPass(runner, doc, start, end, layout.shape, False) for start, end in ranges]
     for (start, end), forward in zip(ranges, forwards, strict=True):
         if interrupt_check is not None:
             interrupt_check()
@@ -349,6 +350,28 @@ def score_document(model: DiffusionLM, attention: AttentionBackend, doc: Documen
             scores[start:end] = mean_over_targets(token_scores[start:end],
                                                   torch.ones_like(token_scores[start:end], dtype=torch.bool))
     return DocumentScores(scores=scores, anchors=anchors, token_scores=token_scores)
+
+
+def kept_scoring_passes(runner: Runner, doc: DocumentKV, ranges: list[tuple[int, int]],
+                        shape: tuple[int, int, int]) -> list[ScoringPass]:
+    """The scoring forwards over `doc`'s chunk ranges, kept by the runner across questions, with
+    captured graphs on CUDA when the document's KV is on the model's device. Kept while that KV
+    tensor lives (a weak reference: a kept pass never keeps a document alive). A document that
+    needs more passes than are kept gets new eager ones: cycling through more than the runner
+    keeps would recapture every pass on every question."""
+    kept = runner.kept_items("scoring")
+    for stale in [key for key, p in kept.items() if p.keys_ref() is None]:
+        del kept[stale]
+    if len(ranges) > MAX_SCORING_PASSES:
+        return [ScoringPass(runner, doc, start, end, shape, False) for start, end in ranges]
+    use_graph = runner.uses_graphs and doc.keys.device == runner.device
+    # The scoring graphs share one memory pool: each one's outputs are read before the next replays.
+    pool = runner.kept("scoring graph pool", None, 1, torch.cuda.graph_pool_handle) if use_graph else None
+    # At most MAX_SCORING_PASSES ranges, each kept last: none of this document's evicts another.
+    return [runner.kept("scoring", (id(doc.keys), start, end, shape), MAX_SCORING_PASSES,
+                        lambda start=start, end=end: ScoringPass(runner, doc, start, end, shape, use_graph, pool),
+                        fits=lambda p: p.keys_ref() is doc.keys)
+            for start, end in ranges]
 
 
 def _past(keys: torch.Tensor, values: torch.Tensor, start: int, end: int, device: torch.device):
@@ -370,11 +393,9 @@ def _rows_mask(lengths: torch.Tensor, c: int, n: int, causal: bool, device) -> t
 
 
 @torch.inference_mode()
-def chunk_relevance(model: DiffusionLM, attention: AttentionBackend, doc: DocumentKV,
-                    chunk_ids: torch.Tensor, rows: ScoringRows, layer_fns: LayerFunctions | None = None
-                    ) -> torch.Tensor:
+def chunk_relevance(runner: Runner, doc: DocumentKV, chunk_ids: torch.Tensor, rows: ScoringRows) -> torch.Tensor:
     """Query-to-chunk attention per token, layer and KV head for some chunks: [k, L, Hkv, C] fp32."""
-    cfg, device = model.cfg, _device(model)
+    cfg, device = runner.cfg, runner.device
     c, n = doc.chunk_size, rows.ids.numel()
     out_rel = torch.empty(chunk_ids.numel(), cfg.num_layers, cfg.num_kv_heads, c)
     capture = AttentionCapture(layers=tuple(range(cfg.num_layers)), query_rows=rows.window.to(device))
@@ -382,9 +403,9 @@ def chunk_relevance(model: DiffusionLM, attention: AttentionBackend, doc: Docume
         lengths = doc.lengths[chunk:chunk + 1]
         pos = lengths.to(device)[:, None] + torch.arange(n, device=device)
         mask = _rows_mask(lengths, c, n, cfg.logits_shifted, device)
-        out = model(rows.ids.to(device)[None], pos, dense_mask(mask), attention,
-                    past=_past(doc.keys, doc.values, chunk, chunk + 1, device), capture=capture, return_kv=False,
-                    layer_fns=layer_fns)
+        out = runner.forward(rows.ids.to(device)[None], pos, dense_mask(mask),
+                             past=_past(doc.keys, doc.values, chunk, chunk + 1, device), capture=capture,
+                             return_kv=False)
         for layer in range(cfg.num_layers):
             out_rel[i, layer] = chunk_token_relevance(out.attention[layer], c, cfg.num_kv_heads)[0].cpu()
     return out_rel

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionBackend, full_mask
+from engine.attention import full_mask
 from engine.method.chunking import ChunkedTokens, chunk_tokens
 from engine.method.kv_cache import DocumentKV
 from engine.model.config import ModelConfig
-from engine.model.transformer import DiffusionLM, LayerFunctions
+from engine.runner import Runner
 
 ProgressFn = Callable[[int, int], None]  # (chunks done, chunks total)
 PREFILL_TOKEN_BUDGET = 16384  # tokens one prefill forward holds, by default
@@ -40,13 +40,12 @@ class PrefillBatch:
 
 
 @torch.inference_mode()
-def prefill_batches(model: DiffusionLM, attention: AttentionBackend, chunks: ChunkedTokens,
-                    token_budget: int = PREFILL_TOKEN_BUDGET, layer_fns: LayerFunctions | None = None,
+def prefill_batches(runner: Runner, chunks: ChunkedTokens, token_budget: int = PREFILL_TOKEN_BUDGET,
                     progress: ProgressFn | None = None) -> Iterator[PrefillBatch]:
     """Encodes the chunks a batch at a time, each chunk on its own (bidirectional inside it, local
     positions), one forward holding at most `token_budget` tokens. A consumer that writes each batch
     away (app.kv_service streams them to the KV files) holds one batch's KV, not the document's."""
-    device = model.embed_tokens.weight.device
+    device = runner.device
     n, c = chunks.num_chunks, chunks.chunk_size
     step = chunks_per_batch(c, token_budget)
     positions = torch.arange(c, device=device)
@@ -57,7 +56,7 @@ def prefill_batches(model: DiffusionLM, attention: AttentionBackend, chunks: Chu
         # A batch of whole chunks (all but a document's last, usually) needs no mask, and SDPA
         # runs its flash kernel only without one.
         mask = full_mask() if bool(valid.all()) else full_mask(key_valid=valid.to(device))
-        out = model(ids, positions.expand(end - start, c), mask, attention, return_kv=True, layer_fns=layer_fns)
+        out = runner.forward(ids, positions.expand(end - start, c), mask)
         yield PrefillBatch(start, end, torch.stack([k for k, _ in out.kv]), torch.stack([v for _, v in out.kv]))
         if progress is not None:
             progress(end, n)
@@ -71,28 +70,24 @@ def document_chunks(cfg: ModelConfig, token_ids: torch.Tensor | list[int], chunk
 
 
 @torch.inference_mode()
-def prefill_document(model: DiffusionLM, attention: AttentionBackend,
-                     token_ids: torch.Tensor | list[int], chunk_size: int,
+def prefill_document(runner: Runner, token_ids: torch.Tensor | list[int], chunk_size: int,
                      progress: ProgressFn | None = None, token_budget: int = PREFILL_TOKEN_BUDGET,
                      out_device: torch.device | str | None = None,
-                     layer_fns: LayerFunctions | None = None, breaks: Sequence[int] | None = None) -> DocumentKV:
+                     breaks: Sequence[int] | None = None) -> DocumentKV:
     """Encodes a document's content tokens into per-chunk KV, all of it in memory.
 
     Chunks are `[BOS] + at most C-1 content tokens` (cut at sentence starts when `breaks` gives
     them, see `engine.method.chunking.chunk_tokens`), batched by `prefill_batches`. The KV lands in one
     preallocated `[L, N, Hkv, C, D]` buffer on `out_device` (default: the model's device).
-    `layer_fns`: the layers' halves around attention (default eager; see engine.model.compiled_layers).
     """
-    cfg = model.cfg
-    device = model.embed_tokens.weight.device
-    dtype = model.embed_tokens.weight.dtype
+    cfg, device, dtype = runner.cfg, runner.device, runner.dtype
     out_device = torch.device(out_device) if out_device is not None else device
     chunks = document_chunks(cfg, token_ids, chunk_size, breaks)
     shape = (cfg.num_layers, chunks.num_chunks, cfg.num_kv_heads, chunk_size, cfg.head_dim)
     pin = out_device.type == "cpu" and device.type == "cuda"
     keys = torch.empty(shape, dtype=dtype, device=out_device, pin_memory=pin)
     values = torch.empty(shape, dtype=dtype, device=out_device, pin_memory=pin)
-    for batch in prefill_batches(model, attention, chunks, token_budget, layer_fns, progress):
+    for batch in prefill_batches(runner, chunks, token_budget, progress):
         keys[:, batch.start:batch.end].copy_(batch.keys, non_blocking=True)
         values[:, batch.start:batch.end].copy_(batch.values, non_blocking=True)
     if device.type == "cuda":

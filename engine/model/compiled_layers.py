@@ -27,7 +27,7 @@ from engine.model.transformer import Block, LayerFunctions
 logger = logging.getLogger(__name__)
 
 
-class _EagerOnFailure:
+class EagerOnFailure:
     """Calls the compiled function; if compiling or running it raises, warns once and calls the
     eager one from then on (the halves are pure, so the eager rerun gives the same result)."""
 
@@ -71,10 +71,6 @@ def compiled_layer_functions(dynamic: bool = False) -> LayerFunctions:
     wrapper: a new wrapper per question would recompile)."""
     inputs, finish = (_inputs_dynamic, _finish_dynamic) if dynamic else (_inputs_fixed, _finish_fixed)
     return LayerFunctions(
-        _EagerOnFailure(torch.compile(inputs, dynamic=dynamic, fullgraph=True), Block.attention_inputs),
-        _EagerOnFailure(torch.compile(finish, dynamic=dynamic, fullgraph=True), Block.finish))
+        EagerOnFailure(torch.compile(inputs, dynamic=dynamic, fullgraph=True), Block.attention_inputs),
+        EagerOnFailure(torch.compile(finish, dynamic=dynamic, fullgraph=True), Block.finish))
 
-
-def layer_functions_for(device: torch.device, enabled: bool, dynamic: bool) -> LayerFunctions | None:
-    """Compiled halves where they pay off (CUDA, and the caller allows it), else None (eager)."""
-    return compiled_layer_functions(dynamic) if enabled and device.type == "cuda" else None

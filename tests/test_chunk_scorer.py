@@ -1,0 +1,240 @@
+"""Predictive chunk scoring: the draft, batched scoring passes, kept passes (engine/method/chunk_scorer.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import ScoringParams
+from engine.attention import BACKENDS, causal_mask, full_mask
+from engine.method.chunk_scorer import (
+    MAX_DRAFT_PASSES,
+    MAX_SCORING_PASSES,
+    draft_pseudo_labels,
+    draft_rows,
+    kept_draft_pass,
+    kept_scoring_passes,
+    score_document,
+    scoring_layout,
+    scoring_rows,
+)
+from engine.method.prefill import prefill_document
+from engine.method.scoring import masking_folds
+from engine.model.config import ModelConfig
+from engine.model.transformer import AttentionCapture, DiffusionLM
+from engine.runner import Runner
+from tests.tiny_inputs import doc_ids
+
+ATTN = BACKENDS["sdpa"]
+
+
+def _draft_oracle(model, prompt_ids, slots, rounds):
+    """The draft as the method's reference code runs it: the prompt's KV, then block forwards over
+    the masked slots only, the pick read back to the host every round."""
+    cfg = model.cfg
+    n = len(prompt_ids)
+    with torch.no_grad():
+        ctx = model(torch.tensor([prompt_ids]), torch.arange(n)[None], full_mask(), ATTN, logits_rows="all")
+        anchor = ctx.logits[0, n - 1]
+        block = torch.full((1, slots), cfg.mask_token_id)
+        committed = [False] * slots
+        for _ in range(rounds + 1):
+            masked = [i for i in range(slots) if not committed[i]]
+            if cfg.logits_shifted and masked[0] == 0:
+                block[0, 0], committed[0] = int(anchor.argmax()), True
+                continue
+            out = model(block, torch.arange(n, n + slots)[None], full_mask(), ATTN, past=ctx.kv, logits_rows="all")
+            logits = out.logits[0]  # [D, V]; slot s of a shifted model is predicted by row s - 1
+            rows = [(s - 1 if cfg.logits_shifted else s) for s in masked]
+            probs = torch.softmax(logits[rows].float(), -1)
+            conf, tok = probs.max(-1)
+            best = int(conf.argmax())
+            block[0, masked[best]], committed[masked[best]] = int(tok[best]), True
+    return block[0].tolist(), committed
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
+@pytest.mark.parametrize("extra_rows", [0, 5, None])
+def test_draft_matches_the_reference_loop_with_any_padding(engines, family, extra_rows):
+    """The fixed-shape draft (device-side picks, padded prompt, as captured on CUDA) commits what
+    the host-side loop commits."""
+    model = engines[family].model
+    prompt = doc_ids(13, 60, seed=3).tolist()
+    rows = draft_rows(len(prompt)) if extra_rows is None else len(prompt) + extra_rows
+    for slots, rounds in ((4, 1), (3, 2), (1, 0)):
+        draft = draft_pseudo_labels(Runner(model, ATTN), prompt, slots, rounds, rows=rows)
+        tokens, committed = _draft_oracle(model, prompt, slots, rounds)
+        assert draft.committed.tolist() == committed and sum(committed) == rounds + 1
+        assert draft.tokens.tolist() == tokens
+
+
+def overlap_model(family: str) -> DiffusionLM:
+    """A 1-layer model whose logits reward tokens present among the attended keys.
+
+    Embeddings are orthonormal; q = k = 0 makes attention uniform; v and o are identities; the MLP
+    is zero; the head is the embedding. So a row's logits are high for the tokens its visible keys
+    hold: a chunk that contains the question's tokens explains the question better. An honest,
+    constructed case for the scorer, independent of training.
+    """
+    hidden, vocab = 256, 64
+    cfg = ModelConfig(family=family, vocab_size=vocab, hidden_size=hidden, intermediate_size=8, num_layers=1,
+                      num_heads=2, num_kv_heads=2, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e4,
+                      logits_shifted=family == "dream", mask_token_id=3, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0)
+    model = DiffusionLM(cfg)
+    q, _ = torch.linalg.qr(torch.randn(hidden, vocab, generator=torch.Generator().manual_seed(0)))
+    emb = q.T.contiguous()  # [V, hidden], orthonormal rows
+    state = {name: torch.zeros_like(p) for name, p in model.state_dict().items()}
+    state["embed_tokens.weight"] = emb
+    state["lm_head.weight"] = 5.0 * emb
+    state["layers.0.self_attn.v_proj.weight"] = torch.eye(hidden)
+    state["layers.0.self_attn.o_proj.weight"] = torch.eye(hidden)
+    for name in state:
+        if name.endswith("layernorm.weight") or name == "norm.weight":
+            state[name] = torch.ones(hidden)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def planted_doc(model, planted_chunk: int, question: list[int], n_chunks=6, c=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    content = torch.randint(20, 60, (n_chunks * (c - 1),), generator=g)
+    span = planted_chunk * (c - 1)
+    content[span + 2:span + 2 + 2 * len(question)] = torch.tensor(question * 2)
+    return prefill_document(Runner(model, ATTN), content, chunk_size=c)
+
+
+@pytest.mark.parametrize("family,folds", [("dream", None), ("llada", None), ("llada", 3)])
+def test_scoring_picks_the_planted_chunk(family, folds):
+    model = overlap_model(family)
+    question = [10, 11, 12, 13, 14, 15, 16]
+    doc = planted_doc(model, planted_chunk=4, question=question)
+    rows = scoring_rows([7] + question, (1, 1 + len(question)), None, 4, model.cfg.logits_shifted)
+    params = ScoringParams(scorer="self_information", llada_folds=folds, max_rows=20)  # several batches
+    scores = score_document(Runner(model, ATTN), doc, rows, params).scores
+    assert int(scores.argmax()) == 4, scores
+    assert torch.isfinite(scores).all()
+
+
+def _score_oracle(model, doc, rows, folds):
+    """Each chunk, each fold, one forward of its own over that chunk's valid keys alone (no
+    batching, padding or shared folds): mean log-likelihood of the targets, and the window rows'
+    attention on the chunk's BOS per layer (fold 0)."""
+    cfg = model.cfg
+    n = rows.ids.numel()
+    plans = [torch.zeros(n, dtype=torch.bool)] if folds is None else list(folds)
+    scores, anchors = [], []
+    for chunk in range(doc.num_chunks):
+        length = int(doc.lengths[chunk])
+        past = [(doc.keys[i, chunk:chunk + 1, :, :length], doc.values[i, chunk:chunk + 1, :, :length])
+                for i in range(cfg.num_layers)]
+        read = []
+        for f, hide in enumerate(plans):
+            ids = rows.ids.clone()
+            ids[hide] = cfg.mask_token_id
+            mask = causal_mask() if cfg.logits_shifted else full_mask()
+            with torch.no_grad():
+                out = model(ids[None], (length + torch.arange(n))[None], mask, ATTN, past=past, logits_rows="all",
+                            capture=AttentionCapture(tuple(range(cfg.num_layers)), rows.window))
+            log_probs = torch.log_softmax(out.logits[0].float(), -1)
+            targets = torch.nonzero(rows.targets if cfg.logits_shifted else hide)[:, 0]
+            at = targets - 1 if cfg.logits_shifted else targets
+            read.append(log_probs[at, rows.ids[targets]])
+            if f == 0:
+                anchors.append(torch.stack([out.attention[i][0, :, :, 0].mean() for i in range(cfg.num_layers)]))
+        scores.append(torch.cat(read).mean())
+    return torch.stack(scores), torch.stack(anchors)
+
+
+@pytest.mark.parametrize("family,folds,max_rows", [("dream", None, 4096), ("dream", None, 50),
+                                                   ("llada", None, 4096), ("llada", 3, 100)])
+def test_batched_scoring_equals_one_forward_per_chunk_and_fold(engines, family, folds, max_rows):
+    """Folds side by side in one batch item, rows padded, chunks batched: the same scores and
+    anchors as scoring every chunk and fold on its own (a short last chunk included)."""
+    engine = engines[family]
+    model, cfg = engine.model, engine.config
+    doc = prefill_document(Runner(model, ATTN), doc_ids(5 * 16 - 7, 60, seed=5), chunk_size=16)
+    query = doc_ids(11, 60, seed=6).tolist()
+    rows = scoring_rows(query, (1, 9), None, 4, cfg.logits_shifted)
+    params = ScoringParams(scorer="self_information", llada_folds=folds, max_rows=max_rows)
+    got = score_document(Runner(model, ATTN), doc, rows, params)
+    plan = None if cfg.logits_shifted else masking_folds(rows.targets, folds)
+    want_scores, want_anchors = _score_oracle(model, doc, rows, plan)
+    torch.testing.assert_close(got.scores, want_scores, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.anchors, want_anchors, atol=1e-5, rtol=1e-5)
+
+
+def test_scoring_layout_pads_and_separates_folds():
+    rows = scoring_rows([5, 6, 7, 8, 9], (0, 5), None, 2, shifted=False)
+    folds = masking_folds(rows.targets, 2)  # targets 0, 2, 4 hidden in fold 0; 1, 3 in fold 1
+    layout = scoring_layout(rows, folds, shifted=False, mask_token_id=3, round_to=4)
+    assert layout.shape == (16, 8, 2)  # 2 folds of 8 rows (5 padded to 8); 3 reads padded to 4 per fold
+    assert layout.ids.tolist() == [3, 6, 3, 8, 3, 3, 3, 3, 5, 3, 7, 3, 9, 3, 3, 3]
+    assert not layout.row_mask[0, 8:].any() and not layout.row_mask[:, 5:8].any()  # no other fold, no padding
+    assert layout.read.tolist()[:3] == [0, 2, 4] and layout.read.tolist()[4:6] == [9, 11]
+    assert layout.read_tokens.tolist()[:3] == [5, 7, 9] and layout.read_valid.sum() == 5
+    causal = scoring_layout(scoring_rows([5, 6, 7], (0, 3), None, 2, shifted=True), None, True, 3, 4)
+    assert causal.row_mask[:3, :3].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    assert causal.read.tolist()[:2] == [0, 1] and causal.read_tokens.tolist()[:2] == [6, 7]
+
+
+def test_leave_one_out_and_folds_agree_on_ranking():
+    """The cheaper strided estimator ranks chunks like leave-one-out on the planted case."""
+    model = overlap_model("llada")
+    question = [10, 11, 12, 13, 14, 15, 16, 17]
+    doc = planted_doc(model, planted_chunk=2, question=question, n_chunks=8)
+    rows = scoring_rows(question, (0, len(question)), None, 4, False)
+    runner = Runner(model, ATTN)
+    loo = score_document(runner, doc, rows, ScoringParams(scorer="self_information")).scores
+    strided = score_document(runner, doc, rows, ScoringParams(scorer="self_information", llada_folds=2)).scores
+    assert int(loo.argmax()) == int(strided.argmax()) == 2
+    # Both separate the planted chunk from the best distractor (distractors are random tokens,
+    # so their order among themselves is noise for either estimator).
+    for s in (loo, strided):
+        others = torch.cat((s[:2], s[3:]))
+        assert s[2] - others.max() > 0.05
+
+
+def test_token_scores_are_what_the_chunk_score_averages():
+    model = overlap_model("llada")
+    question = [10, 11, 12, 13, 14, 15, 16, 17]
+    doc = planted_doc(model, planted_chunk=2, question=question, n_chunks=5)
+    rows = scoring_rows(question, (0, len(question)), None, 4, False)
+    got = score_document(Runner(model, ATTN), doc, rows, ScoringParams(scorer="self_information", llada_folds=3))
+    assert got.token_scores.shape == (5, len(question))  # each target read once, whatever the folds
+    torch.testing.assert_close(got.token_scores.mean(1), got.scores)
+
+
+def test_the_runner_keeps_one_draft_pass_per_padded_prompt_length(engines):
+    runner = Runner(engines["dream"].model, ATTN)
+    first = kept_draft_pass(runner, 17, 4, 1)
+    assert kept_draft_pass(runner, 32, 4, 1) is first  # 17 and 32 pad to 32 rows
+    assert kept_draft_pass(runner, 33, 4, 1) is not first
+    for n in range(1, MAX_DRAFT_PASSES + 2):
+        kept_draft_pass(runner, 16 * n, 4, 1)
+    assert len(runner.kept_items("draft")) == MAX_DRAFT_PASSES  # the least recently used are dropped
+
+
+def test_kept_scoring_passes_follow_the_document_kv(engines):
+    """A scoring pass is reused for the same document KV, chunk range and layout; it holds the KV
+    weakly, so a dropped document is neither kept alive nor scored with a stale pass; a document
+    needing more passes than are kept gets fresh ones."""
+    import gc
+    import weakref
+
+    runner, shape = Runner(engines["llada"].model, ATTN), (32, 8, 4)
+    kept = runner.kept_items("scoring")
+    doc = prefill_document(runner, doc_ids(70, 60), chunk_size=16)
+    first = kept_scoring_passes(runner, doc, [(0, 3), (3, 5)], shape)
+    again = kept_scoring_passes(runner, doc, [(0, 3), (3, 5)], shape)
+    assert again[0] is first[0] and again[1] is first[1] and len(kept) == 2
+    keys = weakref.ref(doc.keys)
+    del doc, first, again
+    gc.collect()
+    assert keys() is None  # the kept passes did not keep the KV alive
+    other = prefill_document(runner, doc_ids(70, 60, seed=1), chunk_size=16)
+    kept_scoring_passes(runner, other, [(0, 3)], shape)
+    assert [p.keys_ref() is other.keys for p in kept.values()] == [True]  # stale passes dropped
+    too_many = [(i % 5, i % 5 + 1) for i in range(MAX_SCORING_PASSES + 1)]
+    fresh = kept_scoring_passes(runner, other, too_many, shape)
+    assert len(fresh) == len(too_many) and len(kept) == 1  # not kept: they would evict each other

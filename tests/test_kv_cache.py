@@ -1,0 +1,52 @@
+"""Placing cached chunk KV: re-rotation, positions, kept tokens (engine/method/kv_cache.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.attention import BACKENDS, segment_mask
+from engine.method.kv_cache import chunk_deltas, gather_kept_tokens, place_chunks
+from engine.method.prefill import prefill_document
+from engine.runner import Runner
+from tests.tiny_inputs import doc_ids
+
+ATTN = BACKENDS["sdpa"]
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
+def test_placed_keys_equal_keys_encoded_at_shifted_positions(engines, family):
+    model = engines[family].model
+    doc = prefill_document(Runner(model, ATTN), doc_ids(40, 300, seed=1), chunk_size=16)
+    starts = torch.tensor([1000, 37, 5000])
+    placed = place_chunks(doc.keys, starts, model.cfg.rope_theta)
+    lengths = doc.lengths.tolist()
+    seq = torch.cat([doc.tokens[j, :n] for j, n in enumerate(lengths)])
+    pos = torch.cat([starts[j] + torch.arange(n) for j, n in enumerate(lengths)])
+    seg = torch.cat([torch.full((n,), j) for j, n in enumerate(lengths)])
+    with torch.no_grad():
+        out = model(seq[None], pos[None], segment_mask(seg[None], seg[None]), ATTN)
+    offset = 0
+    for j, n in enumerate(lengths):
+        for layer, (k, _) in enumerate(out.kv):
+            # fp32 RoPE angles at position ~5000 are themselves only good to ~2e-4 rad.
+            torch.testing.assert_close(placed[layer, j, :, :n], k[0, :, offset:offset + n], atol=1e-3, rtol=1e-3)
+        offset += n
+def test_position_modes_and_short_chunk_gap():
+    ordinals = torch.tensor([2, 5, 9])
+    starts, q = chunk_deltas("continuous", 7, 16, ordinals, 10)
+    assert starts.tolist() == [7, 23, 39] and q == 55  # a short chunk leaves a gap before the next
+    starts, q = chunk_deltas("reuse", 7, 16, ordinals, 10)
+    assert starts.tolist() == [7, 7, 7] and q == 23
+    starts, q = chunk_deltas("absolute", 7, 16, ordinals, 10)
+    assert starts.tolist() == [39, 87, 151] and q == 167
+    with pytest.raises(ValueError):
+        chunk_deltas("sideways", 7, 16, ordinals, 10)
+
+
+def test_gather_kept_tokens_per_head():
+    kv = torch.randn(2, 3, 4, 10, 5)
+    kept = torch.randint(0, 10, (3, 2, 4, 6))
+    out = gather_kept_tokens(kv, kept)
+    assert out.shape == (2, 3, 4, 6, 5)
+    assert torch.equal(out[1, 2, 3, 4], kv[1, 2, 3, kept[2, 1, 3, 4]])

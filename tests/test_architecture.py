@@ -14,7 +14,7 @@ ALLOWED = {
     "engine": set(),
     "storage": set(),
     "app": {"engine", "storage"},
-    "ui": {"app", "engine", "storage"},
+    "ui": {"app"},
     "training": {"engine"},
     "tools": {"app", "engine", "storage", "training", "ui"},
 }
@@ -48,3 +48,36 @@ def test_the_check_sees_lazy_imports(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from tools import bench\n    import app.service\n")
     assert imported_packages(module) == {"tools", "app"}
+
+
+# A forward needs the weights, the attention backend and the layer halves: an engine.runner.Runner
+# holds them, and only the model itself and the runner see them apart.
+SEES_THE_PARTS = {"engine/model/transformer.py", "engine/runner.py", "engine/model/compiled_layers.py"}
+
+
+def functions_taking_the_parts(path: Path) -> list[str]:
+    """Functions (and methods) that take `layer_fns`, or both `model` and `attention`, by hand."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = {a.arg for a in node.args.args + node.args.kwonlyargs}
+            if "layer_fns" in names or {"model", "attention"} <= names:
+                found.append(node.name)
+    return found
+
+
+def test_no_module_passes_model_attention_and_layer_functions_by_hand():
+    wrong = {}
+    for folder in (*ALLOWED, "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            if rel not in SEES_THE_PARTS and (names := functions_taking_the_parts(path)):
+                wrong[rel] = names
+    assert not wrong, f"take a Runner instead: {wrong}"
+
+
+def test_the_parts_check_sees_a_function_taking_them(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f(model, attention, x):\n    pass\n\nclass A:\n    def g(self, y, *, layer_fns=None):\n"
+                      "        pass\n\ndef h(runner, x):\n    pass\n")
+    assert functions_taking_the_parts(module) == ["f", "g"]

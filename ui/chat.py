@@ -7,8 +7,8 @@ import threading
 
 import gradio as gr
 
+from app.errors import StorageError
 from app.service import DocQA, QuestionStopped
-from storage import StorageError
 from ui import inspect
 from ui.settings import SettingsInputs, to_params
 

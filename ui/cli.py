@@ -7,15 +7,13 @@ import logging
 import sys
 from pathlib import Path
 
+from app.choices import DECODERS, DEFAULT_KV_ENCODING, KV_ENCODINGS, KV_MODES, POSITION_MODES, SCORERS
 from app.defaults import BUNDLED_MODEL
-from storage.kv_codec import DEFAULT_KV_ENCODING, KV_ENCODINGS
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    from engine.decode.sampling import DECODERS
-
     g = p.add_argument_group("decoding")
     g.add_argument("--decoder", choices=DECODERS, default=None, help="default: the model's, else threshold")
     g.add_argument("--gen-length", type=int, default=None, help="answer canvas length in tokens (default 64)")
@@ -65,10 +63,6 @@ def _add_question_limits(p: argparse.ArgumentParser) -> None:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from engine.method.answer import KV_MODES
-    from engine.method.kv_cache import POSITION_MODES
-    from engine.method.scoring import SCORERS
-
     parser = argparse.ArgumentParser(prog="docqa", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -153,28 +147,20 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    import torch
+    from app.oneshot import generate
 
-    from engine import Engine, SamplingParams
-    from engine.decode.loop import DecodeStep
+    def show(step: int, block: int, committed: int, masked_left: int) -> None:
+        print(f"step {step:4d} block {block}: committed {committed} token(s), {masked_left} masked left",
+              file=sys.stderr)
 
-    params = SamplingParams(decoder=args.decoder or "threshold", gen_length=args.gen_length or 64,
-                            block_length=args.block_length or 32, steps=args.steps,
-                            threshold=args.threshold or 0.9, temperature=args.temperature,
-                            top_p=args.top_p, top_k=args.top_k_sampling, seed=args.seed)
-    dtype = getattr(torch, args.dtype) if args.dtype else None
-    engine = Engine.from_pretrained(args.model or BUNDLED_MODEL, device=args.device, dtype=dtype,
-                                    attention=args.attention)
-    for event in engine.stream_generate(args.prompt, params,
-                                        use_chat_template=not args.no_chat_template):
-        if isinstance(event, DecodeStep):
-            if args.show_steps:
-                print(f"step {event.step:4d} block {event.block}: committed {len(event.tokens)} "
-                      f"token(s), {event.masked_left} masked left", file=sys.stderr)
-        else:
-            print(event.text)
-            print(f"[{len(event.answer_ids)} tokens, {event.steps} steps, "
-                  f"{event.forward_passes} forward passes, {event.seconds:.2f} s]", file=sys.stderr)
+    out = generate(args.prompt, args.model, device=args.device, dtype=args.dtype, attention=args.attention,
+                   use_chat_template=not args.no_chat_template, on_step=show if args.show_steps else None,
+                   decoder=args.decoder, gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
+                   threshold=args.threshold, temperature=args.temperature, top_p=args.top_p,
+                   top_k=args.top_k_sampling, seed=args.seed)
+    print(out.text)
+    print(f"[{out.tokens} tokens, {out.steps} steps, {out.forward_passes} forward passes, {out.seconds:.2f} s]",
+          file=sys.stderr)
     return EXIT_OK
 
 
@@ -188,43 +174,26 @@ def _read_text(path: Path) -> str:
 
 
 def _cmd_answer(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from app.defaults import answer_params, model_defaults
-    from app.kv_service import prefill_text
-    from engine import Engine
-    from engine.decode.loop import DecodeStep
+    from app.oneshot import answer_texts
 
     if args.top_k is not None and args.top_k != "auto" and not args.top_k.isdigit():
         raise ValueError(f"--top-k must be a number or 'auto', not {args.top_k!r}")
     texts = [_read_text(p) for p in args.files]
-    model_dir = args.model or BUNDLED_MODEL
-    defaults = model_defaults(model_dir)
-    params = answer_params(
-        defaults, top_k=int(args.top_k) if args.top_k not in (None, "auto") else None,
+    out = answer_texts(
+        args.question, texts, args.model, device=args.device, chunk_size=args.chunk_size,
+        sampling={"steps": args.steps, "temperature": args.temperature, "top_p": args.top_p,
+                  "top_k": args.top_k_sampling, "seed": args.seed},
+        top_k=int(args.top_k) if args.top_k not in (None, "auto") else None,
         auto_k=True if args.top_k == "auto" else None, token_budget=args.token_budget, kv_mode=args.kv_mode,
         position_mode=args.position_mode, scorer=args.scorer, decoder=args.decoder, threshold=args.threshold,
         gen_length=args.gen_length, block_length=args.block_length, score_margin=args.score_margin,
         coverage_gain=args.coverage_gain)
-    params = replace(params, sampling=replace(params.sampling, steps=args.steps, temperature=args.temperature,
-                                              top_p=args.top_p, top_k=args.top_k_sampling, seed=args.seed))
-    engine = Engine.from_pretrained(model_dir, device=args.device)
-    chunk_size = args.chunk_size or defaults.chunk_size
-    docs = [prefill_text(engine, text, chunk_size)[0] for text in texts]
-    for event in engine.stream_answer(docs, args.question, params):
-        if isinstance(event, DecodeStep):
-            continue
-        print(event.text)
-        tr = event.trace
-        print(f"[{tr.steps} steps, {tr.forward_passes} forward passes; "
-              + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in tr.timings.items()) + "]", file=sys.stderr)
-        for ref, score in zip(tr.selected, tr.selected_scores, strict=True):
-            doc = docs[ref.document]
-            start = int(doc.content_starts[ref.chunk])
-            n = int(doc.lengths[ref.chunk]) - 1
-            snippet = engine.tokenizer.decode(doc.tokens[ref.chunk, 1:1 + n].tolist())[:80].replace("\n", " ")
-            print(f"  {args.files[ref.document].name} chunk {ref.chunk} (tokens {start}-{start + n}), "
-                  f"score {score:.3f}: {snippet}", file=sys.stderr)
+    print(out.text)
+    print(f"[{out.steps} steps, {out.forward_passes} forward passes; "
+          + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in out.timings.items()) + "]", file=sys.stderr)
+    for c in out.citations:
+        print(f"  {args.files[c.text_index].name} chunk {c.chunk} (tokens {c.token_start}-{c.token_end}), "
+              f"score {c.score:.3f}: {c.snippet[:80]}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -266,8 +235,7 @@ def _resolve(service, names: list[str], include_failed: bool = False) -> list[st
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
-    from app.ingest import IngestError
-    from storage import StorageError
+    from app.errors import IngestError, StorageError
 
     service = _service(args)
     failed = 0
@@ -345,7 +313,7 @@ def _print_report(report) -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from storage import diagnose
+    from app.maintenance import diagnose
 
     report = diagnose(args.data_dir)
     _print_report(report)
@@ -357,7 +325,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_repair(args: argparse.Namespace) -> int:
-    from storage import repair
+    from app.maintenance import repair
 
     report = repair(args.data_dir)
     _print_report(report)
@@ -402,15 +370,11 @@ def run(commands: dict, args: argparse.Namespace, prog: str) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     import sqlite3
 
-    from app.service import QuestionStopped
-    from engine.model.config import ConfigError
-    from engine.model.tokenizer import TokenizerError
-    from engine.model.weights import CheckpointError
-    from storage import StorageError
+    from app.errors import MODEL_ERRORS, QuestionStopped, StorageError
 
     try:
         return commands[args.command](args)
-    except (CheckpointError, ConfigError, TokenizerError) as exc:
+    except MODEL_ERRORS as exc:
         print(f"{prog}: cannot load the model: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except StorageError as exc:

@@ -12,9 +12,8 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from app.ingest import IngestError
+from app.errors import IngestError, StorageError
 from app.service import DocQA
-from storage import StorageError
 
 logger = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from app.choices import CACHED_KV_MODES, DECODERS
 from app.service import DocQA
-from engine import CACHED_KV_MODES, DECODERS
 
 
 @dataclass

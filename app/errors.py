@@ -1,0 +1,19 @@
+"""The errors a face of the service reports to its user, each as one clear line.
+
+They are raised where the fault is found (loading the model, the store, an ingest, a question);
+the faces catch them from here.
+"""
+
+from __future__ import annotations
+
+from app.ingest import IngestError
+from app.service import QuestionStopped
+from engine.model.config import ConfigError
+from engine.model.tokenizer import TokenizerError
+from engine.model.weights import CheckpointError
+from storage import StorageError
+
+# A model folder that cannot be loaded: a missing or damaged file, a config or tokenizer it cannot read.
+MODEL_ERRORS: tuple[type[Exception], ...] = (CheckpointError, ConfigError, TokenizerError)
+
+__all__ = ["MODEL_ERRORS", "IngestError", "QuestionStopped", "StorageError"]

@@ -1,7 +1,7 @@
 """Draws the bundled model's training curve from the run logs: loss and masked-token accuracy
 over the steps of all runs, one colour a run.
 
-    python -m training.plot_curve docs/docqa-tiny-train-run*.json --out models/docqa-tiny/loss_curve.png
+    python -m training.plot_curve docs/results/docqa-tiny-train-run13.json --out models/docqa-tiny/loss_curve.png
 """
 
 from __future__ import annotations

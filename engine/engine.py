@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,10 +91,10 @@ class Engine:
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device | None = None,
                         dtype: torch.dtype | None = None, attention: str | None = None,
-                        fingerprint_cache: Path | None = None, compile_layers: bool = True) -> Engine:
+                        weight_digests: Mapping[str, list] | None = None, compile_layers: bool = True) -> Engine:
         """Loads a local Dream / LLaDA-format folder. bf16 on GPU, fp32 on CPU unless `dtype`.
-        `fingerprint_cache`: where the weight files' digests are kept between runs (see
-        `model_fingerprint`); without one they are hashed at every load. `compile_layers`: the
+        `weight_digests`: the weight files' digests kept from an earlier run
+        (`engine.model.weights.weight_file_digests`); without them the files are hashed. `compile_layers`: the
         layers' halves around attention run compiled on CUDA (engine.model.compiled_layers)."""
         path = Path(path)
         dev = resolve_device(device)
@@ -105,7 +105,7 @@ class Engine:
         backend = select_backend(dev, dtype, override=attention)
         logger.info("engine ready: %s on %s (%s), attention=%s", path, dev, dtype, backend.name)
         runner = Runner.for_model(model, backend, compile_layers)
-        return cls(runner, tokenizer, path, model_fingerprint(path, fingerprint_cache))
+        return cls(runner, tokenizer, path, model_fingerprint(path, weight_digests))
 
     @torch.inference_mode()
     def logits(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -11,7 +11,7 @@ run-to-run noise would change answers).
 
 `skinny_linear_reference` is the fp32 oracle; `tests/test_skinny_linear.py` compares the two.
 
-Measured, not adopted (docs/PERFORMANCE.md, ninth session): the best of 18 plans per product
+Measured, not adopted (docs/PERFORMANCE.md): the best of 18 plans per product
 reads the weights at 2.2-4.2 TB/s, like cuBLAS (4.07 against 4.10 ms a Dream-7B step), so the
 engine keeps F.linear. It lives beside its benchmark, off the engine's path.
 """

@@ -703,6 +703,3 @@ class DocumentStore:
                                      json.loads(r["selected_chunks"]), json.loads(r["timings"]), r["created_at"]))
         return out
 
-    def delete_conversation(self, conversation_id: str) -> bool:
-        with self.transaction():
-            return self.db.execute("DELETE FROM conversations WHERE id = ?", [conversation_id]).rowcount > 0

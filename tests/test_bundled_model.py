@@ -25,7 +25,7 @@ def test_bundled_files_fit_the_size_limits():
     assert json.loads((BUNDLED_MODEL / "tokenizer_config.json").read_text())["chat_template"]
     d = model_defaults(BUNDLED_MODEL)
     assert d.chunk_size == 128 and d.scorer == "self_information"
-    # The whole answer in one block, as it was trained (tenth session: fewer misread lists).
+    # The whole answer in one block, as it was trained (fewer misread lists).
     assert d.block_length == d.gen_length == 64
 
 

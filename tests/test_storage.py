@@ -455,6 +455,24 @@ def test_fingerprint_tracks_config_tokenizer_and_weights(dream_dir, tmp_path):
     assert model_fingerprint(tmp_path / "w") != model_fingerprint(dream_dir)
 
 
+def test_kept_weight_digests_are_reused_only_for_an_unchanged_file(dream_dir, tmp_path):
+    import shutil
+
+    from engine.model.weights import weight_file_digests
+
+    shutil.copytree(dream_dir, tmp_path / "m")
+    digests = weight_file_digests(tmp_path / "m")
+    assert digests and all(len(entry) == 5 for entry in digests.values())
+    assert model_fingerprint(tmp_path / "m", digests) == model_fingerprint(tmp_path / "m")
+    # A kept digest is trusted while size, times and inode match: no file is read again.
+    planted = {path: [*entry[:4], "0" * 64] for path, entry in digests.items()}
+    assert weight_file_digests(tmp_path / "m", planted) == planted
+    shard = Path(sorted(digests)[0])
+    shard.write_bytes(shard.read_bytes())  # same bytes, rewritten: its ctime changes
+    again = weight_file_digests(tmp_path / "m", planted)
+    assert again[str(shard)][4] == digests[str(shard)][4]  # re-hashed, not the planted digest
+
+
 def test_result_cache_is_bounded_json(tmp_path):
     cache = ResultCache(tmp_path / "memo", size_limit_bytes=200_000)
     cache.set("answer", "k1", {"text": "Odile", "chunks": [1, 2]})

@@ -109,7 +109,7 @@ def test_multiquery_key_counts_are_drawn_from_the_given_list():
 
 def test_sampler_stream_is_that_of_the_bundled_runs():
     """Seeded data is what makes a run reproducible: with the default options the sampler draws
-    exactly what it drew for runs 1-8 (the digest was taken from the sampler as it stood then;
+    exactly what it drew when the bundled model was first trained (the digest was taken then;
     drawing the multi-query key count before the multi-key one changed it)."""
     import hashlib
 

@@ -48,16 +48,16 @@ class Layout:
     pad: int
 
 
-# Relative draw weights. Runs 1-2 of docqa-tiny used the defaults; run 3 shifted weight to the NIAH
-# variants the evaluation showed weakest (see the model card).
-# A task left out of a weights dict has weight 0 ("lookup" is 0 by default, so the default stream
-# is that of runs 1-8).
+# Relative draw weights by default; each training run of the bundled model names its own (model card).
+# A task left out of a weights dict has weight 0 (the tasks added later are 0 by default, so the
+# default stream stays the one the bundled model was first trained on).
 TASK_WEIGHTS = {"niah": 10, "kv_retrieval": 2, "hotpot": 3, "which_document": 2, "lookup": 0, "sentence_qa": 0,
                 "lookup_generated": 0, "text_denoising": 0}
 LOOKUP_NOT_FOUND_SHARE = 0.15
-# The generated task asks for "not found" never: with a share (run 14a) its refusals, where only the
-# asked relation's phrase is missing, taught the model to answer only questions whose words stand
-# in the fact, and it said "not found" to held-out families and paraphrases.
+# The generated task asks for "not found" never: with a share (measured, see the journal) its
+# refusals, where only the asked relation's phrase is missing, taught the model to answer only
+# questions whose words stand in the fact, and it said "not found" to held-out families and
+# paraphrases.
 LOOKUP_GENERATED_NOT_FOUND_SHARE = 0.0
 TEXT_DENOISING_TARGET = 48  # tokens of text the text_denoising task restores after its chunk
 NIAH_VARIANT_WEIGHTS = {"single": 4, "multikey": 3, "multivalue": 2, "multiquery": 2}
@@ -72,7 +72,7 @@ class TaskSampler:
                  multiquery_keys: tuple[int, ...] | None = None) -> None:
         self.rng = random.Random(seed)
         # How many keys a multi-query question asks for, drawn uniformly from this list; None draws
-        # 2-4 uniformly (runs 1-8). RULER's niah_multiquery always asks for 4.
+        # 2-4 uniformly (the default stream). RULER's niah_multiquery always asks for 4.
         if multiquery_keys is not None and (not multiquery_keys or any(not 1 <= n <= 4 for n in multiquery_keys)):
             raise ValueError(f"multiquery_keys must be 1-4 keys each, got {multiquery_keys}")
         self.multiquery_keys = multiquery_keys
@@ -207,7 +207,7 @@ class TaskSampler:
         haystack = r.choices(["essay", "repeat", "needle"], [6, 2, 1])[0]
         key_kind = r.choices(["words", "numbers", "uuids"], [5, 3, 2])[0]  # number keys: the weak multi-key skill
         val_kind = r.choices(["numbers", "words", "uuids"], [5, 2, 3])[0]
-        # Drawn in the order of runs 1-8 (multi-key, then multi-query), so their seeds give the same stream.
+        # Multi-key, then multi-query: the order the default stream was drawn in, so a seed keeps its stream.
         n_multikey = r.randint(2, 4)
         n_query = r.randint(2, 4) if self.multiquery_keys is None else r.choice(self.multiquery_keys)
         n_keys = {"single": 1, "multikey": n_multikey, "multivalue": 1, "multiquery": n_query}[variant]
@@ -315,7 +315,7 @@ class TaskSampler:
                         not_found_share: float = LOOKUP_NOT_FOUND_SHARE) -> Example:
         """`family`'s fact (or, a `not_found_share` of the time, "not found"), its other subject, and
         up to `most_others` facts of training families, in k chunks of real text. The draws keep the
-        order runs 12-13 made them in, so a seed gives the lookup task the stream it gave then."""
+        order the bundled model's lookup training made them in, so a seed keeps its stream."""
         r, sp = self.rng, self.split
         asked = relations.draw_fact(family, r)
         other = relations.draw_fact(family, r)

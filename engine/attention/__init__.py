@@ -37,15 +37,14 @@ AttendFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 class AttentionBackend:
     name: str
     attend: AttendFn
-    native_lse: bool  # returns lse without an extra pass
 
     def __call__(self, q, k, v, mask: MaskSpec, scale: float, return_lse: bool = False):
         return self.attend(q, k, v, mask, scale, return_lse)
 
 
 BACKENDS = MappingProxyType({
-    "reference": AttentionBackend("reference", reference_attention, native_lse=True),
-    "sdpa": AttentionBackend("sdpa", sdpa_attention, native_lse=False),
+    "reference": AttentionBackend("reference", reference_attention),
+    "sdpa": AttentionBackend("sdpa", sdpa_attention),
 })
 
 

@@ -178,7 +178,7 @@ def make_split_plan(kv: PagedKV, rows_per_kv_head: int, target_programs: int = 2
     """A plan for `rows_per_kv_head` query rows (query heads per KV head x tokens) per KV head.
 
     Two pipelining stages, not Triton's default three: 4-18% faster at a static decode's shape on
-    the H200 (`scripts/bench_split_kv.py --sweep`, docs/PERFORMANCE.md, eighth session)."""
+    the H200 (`scripts/bench_split_kv.py --sweep`, journal: performance sessions 1-11)."""
     for name, size in (("tail_split", tail_split), ("block_n", block_n)):
         assert size >= 16 and size & (size - 1) == 0, f"{name} must be a power of two >= 16"
     block_n = min(block_n, tail_split)

@@ -24,7 +24,6 @@ import torch
 DECODERS = ("threshold", "low_confidence", "random", "origin", "maskgit_plus", "topk_margin",
             "entropy")
 SCHEDULED = ("low_confidence", "random")
-DREAM_NATIVE = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
 
 @dataclass(frozen=True, slots=True)

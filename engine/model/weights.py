@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -278,51 +278,42 @@ _FINGERPRINT_FILES = ("config.json", "generation_config.json", "tokenizer.json",
                       "vocab.json", "merges.txt", "added_tokens.json", "special_tokens_map.json", INDEX_FILE)
 
 
-def model_fingerprint(folder: str | Path, cache_file: str | Path | None = None) -> str:
+def weight_file_digests(folder: str | Path, known: Mapping[str, list] | None = None) -> dict[str, list]:
+    """The SHA-256 of each of the folder's safetensors files, keyed by resolved path, each entry
+    `[size, mtime_ns, ctime_ns, inode, sha256]`. Hashing a 15 GB checkpoint takes tens of seconds,
+    so an entry of `known` (digests kept from an earlier run) is reused while the file's size,
+    times and inode are unchanged (a file rewritten in place changes its ctime, whatever its mtime
+    is set back to)."""
+    known = known or {}
+    digests = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        st = path.stat()
+        identity = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        key = str(path.resolve())
+        entry = known.get(key)
+        digests[key] = entry if isinstance(entry, list) and entry[:4] == identity else [*identity, _file_sha256(path)]
+    return digests
+
+
+def model_fingerprint(folder: str | Path, digests: Mapping[str, list] | None = None) -> str:
     """A stable id of a checkpoint: every byte of its config, tokenizer and weight files.
 
-    Two checkpoints that differ anywhere never share KV caches or stored answers. Hashing a 15 GB
-    checkpoint takes tens of seconds, so each weight file's digest is kept in `cache_file` (JSON)
-    under its path, size, mtime, ctime and inode, and recomputed only when one of those changes
-    (a file rewritten in place changes its ctime, whatever its mtime is set back to).
-    """
+    Two checkpoints that differ anywhere never share KV caches or stored answers. `digests`: the
+    weight files' digests from `weight_file_digests` (computed here when not given)."""
     import hashlib
 
     folder = Path(folder)
-    cache = _read_digest_cache(cache_file)
+    if digests is None:
+        digests = weight_file_digests(folder)
     h = hashlib.sha256(b"docqa-fingerprint-v2")
     for name in _FINGERPRINT_FILES:
         path = folder / name
         if path.exists():
             h.update(name.encode() + b"\0" + path.read_bytes())
-    changed = False
     for path in sorted(folder.glob("*.safetensors")):
-        st = path.stat()
-        identity = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-        entry = cache.get(str(path.resolve()))
-        if entry is None or entry[:4] != identity:
-            entry = [*identity, _file_sha256(path)]
-            cache[str(path.resolve())] = entry
-            changed = True
-        h.update(f"{path.name}\0{st.st_size}\0{entry[4]}\0".encode())
-    if changed and cache_file is not None:
-        try:
-            tmp = Path(cache_file).with_name(f"{Path(cache_file).name}.tmp-{os.getpid()}")
-            tmp.write_text(json.dumps(cache))
-            tmp.replace(cache_file)
-        except OSError:  # a read-only folder: the digests are recomputed next time
-            pass
+        size, *_, sha = digests[str(path.resolve())]
+        h.update(f"{path.name}\0{size}\0{sha}\0".encode())
     return h.hexdigest()
-
-
-def _read_digest_cache(cache_file: str | Path | None) -> dict[str, list]:
-    if cache_file is None:
-        return {}
-    try:
-        data = json.loads(Path(cache_file).read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
 
 
 def _file_sha256(path: Path) -> str:

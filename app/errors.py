@@ -7,7 +7,7 @@ the faces catch them from here.
 from __future__ import annotations
 
 from app.ingest import IngestError
-from app.service import QuestionStopped
+from app.service import QuestionStopped, ServiceBusy
 from engine.model.config import ConfigError
 from engine.model.tokenizer import TokenizerError
 from engine.model.weights import CheckpointError
@@ -16,4 +16,4 @@ from storage import StorageError
 # A model folder that cannot be loaded: a missing or damaged file, a config or tokenizer it cannot read.
 MODEL_ERRORS: tuple[type[Exception], ...] = (CheckpointError, ConfigError, TokenizerError)
 
-__all__ = ["MODEL_ERRORS", "IngestError", "QuestionStopped", "StorageError"]
+__all__ = ["MODEL_ERRORS", "IngestError", "QuestionStopped", "ServiceBusy", "StorageError"]

@@ -11,8 +11,12 @@ dropped and recomputed.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import replace
 
 import torch
@@ -39,9 +43,8 @@ logger = logging.getLogger(__name__)
 CHUNK_AXIS = {"keys": 1, "values": 1, "keys_scale": 1, "values_scale": 1, "tokens": 0, "lengths": 0,
               "content_starts": 0}
 OPTIONAL_TENSORS = SCALE_NAMES  # only fp8 files have them (storage.kv_codec)
-# The cut `prefill_text` makes, recorded with every cache: caches cut another way (the fixed cut of
-# caches written before the eighth session) are not reused, but prefilled again. Rename it when the
-# cut changes.
+# The cut `prefill_text` makes, recorded with every cache: caches cut another way (the fixed-length
+# cut of older caches) are not reused, but prefilled again. Rename it when the cut changes.
 CHUNKING = "sentence-starts-v1"
 
 
@@ -119,10 +122,31 @@ def prefill_text(engine: Engine, text: str, chunk_size: int, progress: ProgressF
     return at_stored_precision(doc, encoding), offsets
 
 
+def in_turns(batches: Iterable, turn: Callable[[], AbstractContextManager]) -> Iterator:
+    """`batches`, each one computed inside its own `turn()`: a long prefill gives the model back
+    between its batches, so questions are answered while a document is being added."""
+    batches = iter(batches)
+    while True:
+        with turn():
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+        yield batch
+
+
 class DocumentKVService:
+    """`model_turn`: held around each piece of model work (a prefill batch), so that it takes turns
+    with the questions' decode steps (engine.scheduler.AnswerScheduler.turn)."""
+
     def __init__(self, engine: Engine, store: DocumentStore, pool: TieredKVPool,
-                 encoding: str = DEFAULT_KV_ENCODING, prefill_tokens: int | None = None) -> None:
+                 encoding: str = DEFAULT_KV_ENCODING, prefill_tokens: int | None = None,
+                 model_turn: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> None:
         self.engine, self.store, self.pool = engine, store, pool
+        self.model_turn = model_turn
+        # One prefill at a time: two of the same document would write the same files, and two of
+        # different ones would only halve each other's speed.
+        self._prefill_lock = threading.Lock()
         self.encoding = check_encoding(encoding)
         # Tokens a prefill forward holds (None: the engine's default for its device); with the
         # store's shard size, what bounds an ingest's memory.
@@ -229,13 +253,19 @@ class DocumentKVService:
         """Prefills the document, streaming each batch's KV into its files (nothing returned). When
         they cannot be written, raises with `must_persist`; otherwise prefills again in memory and
         returns that KV, kept in the pool only."""
+        with self._prefill_lock:
+            if self.store.find_kv(key) is not None:  # another thread stored it while this one waited
+                return None
+            return self._prefill_alone(key, progress, must_persist)
+
+    def _prefill_alone(self, key: KVKey, progress: ProgressFn | None, must_persist: bool) -> DocumentKV | None:
         self.prefills += 1
         text = self.store.document_text(key.document_id)
         ids, offsets, breaks = tokenize_for_chunks(self.engine, text)
         chunks = self.engine.chunk(ids, key.chunk_size, breaks)
         records = chunk_records(chunks, offsets, text, self.store.pages(key.document_id))
         parts = (file_part(b.keys, b.values, chunks, b.start, b.end, self.encoding)
-                 for b in self.engine.prefill_stream(chunks, progress, self.prefill_tokens))
+                 for b in in_turns(self.engine.prefill_stream(chunks, progress, self.prefill_tokens), self.model_turn))
         try:
             self.store.save_kv(key, parts, CHUNK_AXIS, records, num_tokens=len(offsets))
             return None
@@ -243,7 +273,8 @@ class DocumentKVService:
             if must_persist:
                 raise
             logger.warning("the KV of %s is kept in memory only: %s", key.document_id, exc)
-        doc = at_stored_precision(self.engine.prefill(ids, key.chunk_size, progress, breaks=breaks), self.encoding)
+        with self.model_turn():
+            doc = at_stored_precision(self.engine.prefill(ids, key.chunk_size, progress, breaks=breaks), self.encoding)
         self._unsaved_chunks[key] = records
         return tensors_to_kv(self.pool.put(key, _pool_entry(doc), source="prefill"))
 

@@ -28,15 +28,17 @@ from app.defaults import BUNDLED_MODEL, ModelDefaults, answer_params, model_defa
 from app.ingest import IngestError, extract
 from app.kv_service import DocumentKVService
 from app.prefilter import PREFILTER_ALL
-from engine import AnswerParams, AnswerResult, Engine
+from engine import AnswerParams, AnswerResult, DocumentKV, Engine
 from engine.decode.loop import DecodeStep
 from engine.engine import resolve_device
 from engine.method.chunking import CONTENT_OFFSET
-from engine.model.weights import cpu_has_native_bf16
+from engine.model.weights import cpu_has_native_bf16, weight_file_digests
+from engine.scheduler import AnswerScheduler, QueueFull
 from storage import DocumentRecord, DocumentStore, PageSpan, ResultCache, StorageError, TieredKVPool
 from storage.kv_codec import DEFAULT_KV_ENCODING
 from storage.kv_files import file_sha256
 from storage.kv_pool import default_budgets
+from storage.store import write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +61,11 @@ class ServiceConfig:
     prefilter_chunks: int | None = None  # BM25 candidates a question scores (None: the model's default; 0: all)
     kv_encoding: str = DEFAULT_KV_ENCODING  # how KV files keep keys and values (storage.kv_codec)
     dtype: str | None = None  # "float32" or "bfloat16" (None: app_dtype for the device)
+    # Questions that may wait for the model at once; one more is refused with ServiceBusy, so a
+    # burst gets a quick "try again" instead of answers that arrive after everyone gave up.
+    max_waiting_questions: int = 64
+    # Questions decoded together in one batched forward a step (engine.scheduler); more wait.
+    max_batch_questions: int = 16
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -79,6 +86,11 @@ def app_dtype(device: torch.device, name: str | None = None) -> torch.dtype:
 
 class QuestionStopped(RuntimeError):
     """A question was stopped before its answer: cancelled by its asker, or past its time budget."""
+
+
+class ServiceBusy(RuntimeError):
+    """More questions are waiting for the model than `ServiceConfig.max_waiting_questions`: the
+    asker should try again shortly (HTTP 429 on the API)."""
 
 
 UPLOAD_TEMP = "tmp"  # the app's own temporary folder in the data folder (the web UI's uploads)
@@ -164,6 +176,28 @@ def kept_words(text: str, token_spans: list[tuple[int, int]], kept: list[int]) -
     return [(text[a:b], round(h, 3)) for (a, b), h in zip(words, best, strict=True)]
 
 
+WEIGHT_DIGESTS_FILE = "fingerprints.json"
+
+
+def kept_weight_digests(store: DocumentStore, model_dir: Path) -> dict[str, list]:
+    """The checkpoint's weight-file digests, reusing those kept in the data folder from earlier
+    runs and keeping any new ones there, so a 15 GB checkpoint is hashed once, not at every start.
+    A file that cannot be read or written (read-only folder, full disk) only costs the hashing."""
+    path = store.root / WEIGHT_DIGESTS_FILE
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    known = known if isinstance(known, dict) else {}
+    digests = weight_file_digests(model_dir, known)
+    if not store.read_only and any(known.get(k) != v for k, v in digests.items()):
+        try:
+            write_atomically(path, json.dumps(known | digests))
+        except StorageError as exc:
+            logger.warning("weight digests not kept: %s", exc)
+    return digests
+
+
 class DocQA:
     def __init__(self, config: ServiceConfig = ServiceConfig()) -> None:
         self.config = config
@@ -171,12 +205,18 @@ class DocQA:
         self.store = DocumentStore(config.data_dir, kv_budget_bytes=config.kv_budget_bytes)
         device = resolve_device(config.device)
         self.engine = Engine.from_pretrained(config.model_dir, device=device, dtype=app_dtype(device, config.dtype),
-                                             fingerprint_cache=self.store.root / "fingerprints.json")
+                                             weight_digests=kept_weight_digests(self.store, config.model_dir))
         self.defaults: ModelDefaults = model_defaults(config.model_dir)
         hot, warm = default_budgets(self.engine.device)
         self.pool = TieredKVPool(self.engine.device, hot if config.hot_bytes is None else config.hot_bytes,
                                  warm if config.warm_bytes is None else config.warm_bytes)
-        self.kv = DocumentKVService(self.engine, self.store, self.pool, config.kv_encoding)
+        # Every question's model work runs on the scheduler's thread, batched with the others';
+        # a prefill takes its turns between their steps.
+        self.scheduler = AnswerScheduler(self.engine.runner, self.engine.tokenizer,
+                                         max_batch=config.max_batch_questions,
+                                         max_waiting=config.max_waiting_questions)
+        self.kv = DocumentKVService(self.engine, self.store, self.pool, config.kv_encoding,
+                                    model_turn=self.scheduler.turn)
         self.memo = ResultCache(self.store.root / "memo", read_only=self.store.read_only)
         for doc_id in self.store.removed_unfinished:  # an ingest killed midway: its extracted text goes too
             self.memo.delete("extracted", doc_id)
@@ -186,7 +226,6 @@ class DocQA:
             self.upload_dir = self.store.root / UPLOAD_TEMP
             self.upload_dir.mkdir(exist_ok=True)
             self._remove_stale_uploads()
-        self._model_lock = threading.Lock()
         self.weak_score = config.weak_score if config.weak_score is not None else self.defaults.weak_score
 
     # ---- documents -------------------------------------------------------------------------------
@@ -264,9 +303,8 @@ class DocQA:
         size = chunk_size or self.defaults.chunk_size
         say("encoding", 0.5)
         try:
-            with self._model_lock:
-                self.kv.ensure_stored(doc_id, size, lambda done, total: say(
-                    f"encoding chunk {done}/{total}", 0.5 + 0.5 * done / max(total, 1)))
+            self.kv.ensure_stored(doc_id, size, lambda done, total: say(
+                f"encoding chunk {done}/{total}", 0.5 + 0.5 * done / max(total, 1)))
         except StorageError as exc:
             if created:  # a new document that cannot be stored whole is not kept at all
                 self._discard(doc_id)
@@ -421,20 +459,30 @@ class DocQA:
             self._record(result, question, document_ids, params)
             yield AskEvent("done", "answered from cache", result.answer, result)
             return
-        yield AskEvent("status", "waiting for the model")
-        self._acquire_model(cancel)
-        try:
-            stop = self._stopper(cancel)
+        stop = self._stopper(cancel)
+        candidates, priors = self.kv.candidates([r.id for r in records], size, question, m)
+        load_s = 0.0
+
+        def load() -> list[DocumentKV]:
+            """The candidates' KV, loaded once the scheduler admits the question (on its thread)."""
+            nonlocal load_s
             start = time.perf_counter()
-            candidates, priors = self.kv.candidates([r.id for r in records], size, question, m)
             docs = [self.kv.get(r.id, size) if len(chosen) == self.kv.num_chunks(r.id, size)
                     else self.kv.get_chunks(r.id, size, chosen) for r, chosen in zip(records, candidates, strict=True)]
             load_s = time.perf_counter() - start
-            stop()
-            yield AskEvent("status", "selecting chunks")
-            canvas = [None] * params.sampling.gen_length
-            final: AnswerResult | None = None
-            for event in self.engine.stream_answer(docs, question, params, interrupt_check=stop, chunk_priors=priors):
+            return docs
+
+        yield AskEvent("status", "waiting for the model")
+        try:
+            handle = self.scheduler.submit(load, question, params, priors, interrupt_check=stop)
+        except QueueFull:
+            raise ServiceBusy(f"the server is busy ({self.config.max_waiting_questions} questions are waiting); "
+                              "try again shortly") from None
+        canvas = [None] * params.sampling.gen_length
+        final: AnswerResult | None = None
+        events = iter(handle)
+        try:
+            for event in events:  # the first comes once the scheduler has chosen the chunks
                 # A finished answer past the time budget is still given; a cancelled one never.
                 stop(budget=isinstance(event, DecodeStep))
                 if isinstance(event, DecodeStep):
@@ -443,8 +491,10 @@ class DocQA:
                     yield AskEvent("step", partial=self._render(canvas))
                 else:
                     final = event
-        finally:
-            self._model_lock.release()
+        finally:  # stopped listening, cancelled or past the budget: the scheduler drops it at its next step
+            handle.cancel()
+        if final is None:  # cancelled while it waited for the scheduler
+            raise QuestionStopped("the question was cancelled")
         result = self._build_result(final, records, size, conversation_id or "", load_s, candidates)
         self.memo.set(ANSWER_MEMO, request_key, {"document_ids": [r.id for r in records],
                                                  "result": self._result_to_json(result)})
@@ -461,12 +511,6 @@ class DocQA:
             raise ValueError(f"{rec.name} is still being added")
         return rec
 
-    def _acquire_model(self, cancel: threading.Event | None) -> None:
-        """Waits for the model; a question cancelled while it waits never takes it."""
-        while not self._model_lock.acquire(timeout=0.25):
-            if cancel is not None and cancel.is_set():
-                raise QuestionStopped("the question was cancelled")
-
     def _stopper(self, cancel: threading.Event | None) -> Callable[..., None]:
         """Raises QuestionStopped once the question is cancelled or (with `budget`) past its time
         budget."""
@@ -480,6 +524,10 @@ class DocQA:
                 raise QuestionStopped(f"the answer took longer than {seconds:.0f} s and was stopped; "
                                       "choose fewer documents or ask a shorter question")
         return stop
+
+    def close(self) -> None:
+        """Stops the scheduler's thread; questions still running end with an error."""
+        self.scheduler.close()
 
     def answer(self, question: str, document_ids: list[str], **kw) -> AskResult:
         result = None

@@ -62,11 +62,25 @@ class Decoder(Protocol):
     def block_done(self, block: int, answer: torch.Tensor) -> None: ...
 
 
-def run_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
-               generator: torch.Generator | None, device: torch.device
-               ) -> Generator[DecodeStep, None, DecodeOutcome]:
+@dataclass(frozen=True)
+class LogitsRequest:
+    """What a decoding loop needs before its next step: the logits [M, V] of `slots` ([M], 0-based
+    in the answer) of `block`, from `decoder`. Whoever drives `decode_blocks` answers it, alone
+    (`run_blocks`) or batched with other questions' requests (`engine.scheduler`)."""
+
+    decoder: Decoder
+    block: int
+    answer: torch.Tensor  # [gen_length] long, on the device
+    slots: torch.Tensor  # [M] long
+
+
+def decode_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
+                  generator: torch.Generator | None, device: torch.device
+                  ) -> Generator[LogitsRequest | DecodeStep, torch.Tensor | None, DecodeOutcome]:
     """Decodes `params.gen_length` answer slots block by block with `params.decoder`.
 
+    Before each step it yields a LogitsRequest and takes the logits sent back; after it, the
+    DecodeStep (send None to go on). The decoder's `block_start` and `block_done` run inside.
     The canvas lives on the device (the decoders read it) and is mirrored on the host; each step
     synchronises once, to copy back which slots it committed. Everything the loop decides from
     (masked slots, stop tokens) is read from the mirror, so the GPU is not drained more than that.
@@ -83,7 +97,7 @@ def run_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
         step_in_block = 0
         while masked:
             slots = torch.tensor(masked, device=device)  # [M]
-            logits = decoder.slot_logits(block, answer, slots)
+            logits = yield LogitsRequest(decoder, block, answer, slots)
             plan = StepPlan(step_in_block, params.steps_per_block, masked_at_start)
             chosen, tokens = choose_commits(logits, params, plan, generator)
             answer[slots] = torch.where(chosen, tokens, answer[slots])
@@ -107,6 +121,24 @@ def run_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
     return DecodeOutcome(answer_ids=cut_at_stop(canvas, cfg.stop_token_ids), canvas=canvas,
                          steps=step, forward_passes=decoder.forward_passes,
                          stopped_early=stopped_early)
+
+
+def run_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
+               generator: torch.Generator | None, device: torch.device
+               ) -> Generator[DecodeStep, None, DecodeOutcome]:
+    """`decode_blocks` for one question alone: each step's logits come from its decoder."""
+    loop = decode_blocks(decoder, cfg, params, generator, device)
+    reply = None
+    while True:
+        try:
+            item = loop.send(reply)
+        except StopIteration as done:
+            return done.value
+        if isinstance(item, LogitsRequest):
+            reply = decoder.slot_logits(item.block, item.answer, item.slots)
+        else:
+            yield item
+            reply = None
 
 
 def block_logits(runner: Runner, ids: torch.Tensor, positions: torch.Tensor, mask, past, slots: torch.Tensor,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import full_mask
-from engine.decode.loop import block_logits
+from engine.decode.loop import block_logits, slot_logits_from_rows
 from engine.decode.sampling import prediction_rows
 from engine.method.kv_cache import flatten_chunks, gather_kept_tokens, place_chunks
 from engine.method.prompting import QuestionPrompt
@@ -200,3 +200,79 @@ class StaticDecoder:
             key_valid=torch.cat((self.ctx.key_valid, torch.ones_like(ids, dtype=torch.bool)), 1),
             answer_start=self.ctx.answer_start, anchor_logits=out.logits[0, 0] if shifted else None,
             anchors=self.ctx.anchors)
+
+
+class StaticBatch:
+    """Several questions' StaticDecoders stepped as one batched forward.
+
+    Each row attends to its own context (prefix, placed chunks, question, finished blocks),
+    padded with masked-out keys to the longest ([N, Hkv, T_max, D] per layer), and to its own
+    active block; positions are each row's own, so padding changes no rotation. The stacked
+    contexts are kept while the batch's members and their contexts stay the same (a context
+    changes only when a block finishes), so a step copies nothing but its block's ids.
+    """
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self._members: tuple[int, ...] = ()
+        self._past: list[LayerKV] = []
+        self._valid: torch.Tensor | None = None  # [N, T_max] bool
+
+    def clear(self) -> None:
+        """Drops the stacked contexts (the batch's questions are done)."""
+        self._members, self._past, self._valid = (), [], None
+
+    @staticmethod
+    def accepts(decoder: object) -> bool:
+        """Whether `decoder` can step in a batch: a StaticDecoder past its first step's logits
+        (a joint context brings that step's logits with it)."""
+        return isinstance(decoder, StaticDecoder) and decoder._pending_first is None
+
+    def _stack(self, decoders: list[StaticDecoder]) -> None:
+        members = tuple(id(d.ctx) for d in decoders)
+        if members == self._members:
+            return
+        lengths = [d.ctx.key_valid.shape[1] for d in decoders]
+        t_max = max(lengths)
+        self._past = []
+        for layer in range(self.runner.cfg.num_layers):
+            k0 = decoders[0].ctx.kv[layer][0]
+            keys = k0.new_zeros((len(decoders), k0.shape[1], t_max, k0.shape[3]))
+            values = torch.zeros_like(keys)
+            for i, d in enumerate(decoders):
+                keys[i, :, :lengths[i]] = d.ctx.kv[layer][0][0]
+                values[i, :, :lengths[i]] = d.ctx.kv[layer][1][0]
+            self._past.append((keys, values))
+        self._valid = torch.zeros(len(decoders), t_max, dtype=torch.bool, device=k0.device)
+        for i, d in enumerate(decoders):
+            self._valid[i, :lengths[i]] = d.ctx.key_valid[0]
+        self._members = members
+
+    @torch.inference_mode()
+    def slot_logits(self, requests: list) -> list[torch.Tensor]:
+        """For each LogitsRequest (all of StaticDecoders with one block length that `accepts`), the
+        logits [M, V] its decoder's `slot_logits` gives alone, from one forward of all of them."""
+        decoders: list[StaticDecoder] = [r.decoder for r in requests]
+        block_length = decoders[0].block_length
+        if any(d.block_length != block_length for d in decoders):
+            raise ValueError("a batch steps one block length")
+        self._stack(decoders)
+        device, shifted = self.runner.device, self.runner.cfg.logits_shifted
+        steps = torch.arange(block_length, device=device)
+        ids = torch.stack([r.answer[r.block * block_length:(r.block + 1) * block_length] for r in requests])
+        positions = torch.stack([d.ctx.answer_start + r.block * block_length + steps
+                                 for r, d in zip(requests, decoders, strict=True)])  # [N, block]
+        valid = torch.cat((self._valid, torch.ones(len(requests), block_length, dtype=torch.bool, device=device)), 1)
+        # The rows predicting each request's slots (as block_logits picks them), padded to the
+        # most slots with repeats of the last: [N, R].
+        rows = [(prediction_rows(r.slots - r.block * block_length + 1, shifted) - 1).clamp_min(0) for r in requests]
+        width = max(len(x) for x in rows)
+        padded = torch.stack([torch.cat((x, x[-1:].expand(width - len(x)))) for x in rows])
+        out = self.runner.forward(ids, positions, full_mask(key_valid=valid), past=self._past,
+                                  logits_rows=padded, return_kv=False)
+        logits = []
+        for i, (r, d) in enumerate(zip(requests, decoders, strict=True)):
+            d.forward_passes += 1
+            logits.append(slot_logits_from_rows(out.logits[i, :len(rows[i])], r.slots - r.block * block_length,
+                                                d.ctx.anchor_logits, shifted))
+        return logits

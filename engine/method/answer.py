@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.decode.baselines import DenseDecoder, FastDLLMDecoder
-from engine.decode.loop import DecodeStep, run_blocks
+from engine.decode.loop import DecodeOutcome, DecodeStep, run_blocks
 from engine.decode.paged import PagedStaticDecoder, paged_decoder, release_pages
 from engine.decode.sampling import SamplingParams
 from engine.decode.static import (
@@ -261,21 +261,32 @@ def _dense_prompt(prompt: QuestionPrompt, documents: Sequence[DocumentKV], bos_i
     return torch.cat(parts)
 
 
+@dataclass
+class PreparedAnswer:
+    """A question with its chunks chosen and its context built, ready for its decode steps."""
+
+    decoder: StaticDecoder | PagedStaticDecoder | DenseDecoder | FastDLLMDecoder
+    sampling: SamplingParams
+    generator: torch.Generator  # the sampler's, seeded by `sampling.seed`
+    trace: AnswerTrace
+    clock: _Clock
+    decode_start: float  # perf_counter when decoding starts
+
+    def result(self, outcome: DecodeOutcome, tokenizer) -> AnswerResult:
+        """The AnswerResult of a finished decode (the trace's step counts and timing filled in)."""
+        self.clock.lap("decode", self.decode_start)
+        self.trace.steps, self.trace.forward_passes = outcome.steps, outcome.forward_passes
+        text = tokenizer.decode(outcome.answer_ids, skip_special_tokens=True).strip() if tokenizer is not None else ""
+        return AnswerResult(text=text, answer_ids=outcome.answer_ids, trace=self.trace,
+                            stopped_early=outcome.stopped_early)
+
+
 @torch.inference_mode()
-def stream_answer(runner: Runner, tokenizer, documents: Sequence[DocumentKV], question: str | QuestionPrompt,
-                  params: AnswerParams = AnswerParams(), interrupt_check: Callable[[], None] | None = None,
-                  chunk_priors: Sequence[Sequence[float]] | None = None) -> Iterator[DecodeStep | AnswerResult]:
-    """Yields a DecodeStep per denoising step, then the AnswerResult.
-
-    `chunk_priors`: per document, a relevance in [0, 1] for each of its chunks, added to the
-    scores (`params.prior_weight` nats at 1) before selection; the app gives BM25's.
-
-    `question` is text, or an already tokenized QuestionPrompt (benchmarks with random models use
-    that and pass no tokenizer; the result's text is then empty). The runner keeps the passes and
-    buffers one question leaves for the next. `interrupt_check` is called between the phases and
-    the scoring passes, before any decode step; it raises to stop the question (the caller checks
-    between decode steps itself, where this generator yields).
-    """
+def prepare_answer(runner: Runner, tokenizer, documents: Sequence[DocumentKV], question: str | QuestionPrompt,
+                   params: AnswerParams = AnswerParams(), interrupt_check: Callable[[], None] | None = None,
+                   chunk_priors: Sequence[Sequence[float]] | None = None) -> PreparedAnswer:
+    """Everything before the decode steps: the draft, the chunk scores, the selection and the
+    context the answer is decoded over (see `stream_answer` for the arguments)."""
     cfg = runner.cfg
     clock = _Clock(runner.device)
     t = time.perf_counter()
@@ -317,15 +328,31 @@ def stream_answer(runner: Runner, tokenizer, documents: Sequence[DocumentKV], qu
     else:
         decoder = answer_decoder(runner, documents, prompt, rows, refs, params, trace, priors)
     t = clock.lap("kv_build", t)
+    return PreparedAnswer(decoder, params.sampling, generator, trace, clock, t)
+
+
+@torch.inference_mode()
+def stream_answer(runner: Runner, tokenizer, documents: Sequence[DocumentKV], question: str | QuestionPrompt,
+                  params: AnswerParams = AnswerParams(), interrupt_check: Callable[[], None] | None = None,
+                  chunk_priors: Sequence[Sequence[float]] | None = None) -> Iterator[DecodeStep | AnswerResult]:
+    """Yields a DecodeStep per denoising step, then the AnswerResult.
+
+    `chunk_priors`: per document, a relevance in [0, 1] for each of its chunks, added to the
+    scores (`params.prior_weight` nats at 1) before selection; the app gives BM25's.
+
+    `question` is text, or an already tokenized QuestionPrompt (benchmarks with random models use
+    that and pass no tokenizer; the result's text is then empty). The runner keeps the passes and
+    buffers one question leaves for the next. `interrupt_check` is called between the phases and
+    the scoring passes, before any decode step; it raises to stop the question (the caller checks
+    between decode steps itself, where this generator yields).
+    """
+    prepared = prepare_answer(runner, tokenizer, documents, question, params, interrupt_check, chunk_priors)
     try:
-        outcome = yield from run_blocks(decoder, cfg, params.sampling, generator, runner.device)
+        outcome = yield from run_blocks(prepared.decoder, runner.cfg, prepared.sampling, prepared.generator,
+                                        runner.device)
     finally:  # also when the caller stops listening mid-answer
         release_pages(runner)
-    clock.lap("decode", t)
-    trace.steps, trace.forward_passes = outcome.steps, outcome.forward_passes
-    text = tokenizer.decode(outcome.answer_ids, skip_special_tokens=True).strip() if tokenizer is not None else ""
-    yield AnswerResult(text=text, answer_ids=outcome.answer_ids, trace=trace,
-                       stopped_early=outcome.stopped_early)
+    yield prepared.result(outcome, tokenizer)
 
 
 def uses_paged_layout(runner: Runner, documents: Sequence[DocumentKV], params: AnswerParams) -> bool:

@@ -1,0 +1,339 @@
+"""Continuous batching of questions: one thread steps every active question's answer at once.
+
+A question is submitted with its documents' KV and runs in two parts on the scheduler's thread:
+its preparation (draft, chunk scoring, selection, the context its answer is decoded over), then
+its decode steps. At each step the scheduler takes one LogitsRequest from every question being
+decoded, answers the StaticDecoders' together in one batched forward (`StaticBatch`: each row
+over its own chunks and answer) and any other decoder alone, and hands each question its
+DecodeStep. A question joins between steps, once prepared, and leaves when its answer is settled,
+so short answers never wait for long ones. Greedy answers are the same tokens as the question
+alone gives (tests/test_scheduler.py), up to the floating-point order of a batched matmul.
+
+The paged GPU layout shares one set of buffers (`engine.decode.paged`), so at most one question
+at a time decodes paged; the others admitted meanwhile take the contiguous layout and batch.
+
+Model work of other kinds (a document's prefill) takes turns with the steps through `turn()`, a
+first-come-first-served lock, so an ingest and the questions interleave instead of one starving.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.decode.loop import DecodeStep, LogitsRequest, decode_blocks
+from engine.decode.paged import PagedStaticDecoder, release_pages
+from engine.decode.static import StaticBatch
+from engine.method.answer import AnswerParams, AnswerResult, PreparedAnswer, prepare_answer, uses_paged_layout
+from engine.method.kv_cache import DocumentKV
+from engine.runner import Runner
+
+logger = logging.getLogger(__name__)
+
+
+class QueueFull(RuntimeError):
+    """More questions wait than the scheduler takes (`max_waiting`); try again shortly."""
+
+
+class FairTurns:
+    """A lock granted in the order it was asked for (threading.Lock is not fair: a thread that
+    releases and re-takes it at once can keep it from a waiting one forever)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._tickets: collections.deque[object] = collections.deque()
+        self._held = False
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        ticket = object()
+        with self._cond:
+            self._tickets.append(ticket)
+            while self._held or self._tickets[0] is not ticket:
+                self._cond.wait()
+            self._tickets.popleft()
+            self._held = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held = False
+                self._cond.notify_all()
+
+
+_DONE = object()
+# A question's documents, or what loads them when the question is admitted: a loader keeps the KV of
+# questions still waiting off the device, so its memory grows with `max_batch`, not the queue.
+Documents = Sequence[DocumentKV] | Callable[[], Sequence[DocumentKV]]
+
+
+@dataclass
+class QuestionHandle:
+    """One submitted question: iterate it for its DecodeSteps, then its AnswerResult. An error of
+    the question (its `interrupt_check` raising included) is raised from the iteration."""
+
+    _events: queue.Queue = field(default_factory=queue.Queue)
+    _cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        """Stops the question at its next step (or before it starts); the model is freed of it."""
+        self._cancelled.set()
+
+    def __iter__(self) -> Iterator[DecodeStep | AnswerResult]:
+        try:
+            while True:
+                item = self._events.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:  # the asker stopped listening: the question stops too
+            self.cancel()
+
+
+@dataclass(eq=False)  # compared by identity: its fields hold tensors
+class _Submitted:
+    documents: Documents
+    question: object
+    params: AnswerParams
+    chunk_priors: Sequence[Sequence[float]] | None
+    interrupt_check: Callable[[], None] | None
+    handle: QuestionHandle
+
+
+@dataclass(eq=False)
+class _Active:
+    submitted: _Submitted
+    prepared: PreparedAnswer
+    loop: object  # the decode_blocks generator
+    request: LogitsRequest | None = None
+
+
+class AnswerScheduler:
+    """Runs submitted questions, batching their decode steps (see the module's docstring).
+
+    `max_batch`: questions decoded at once (more wait, prepared as others leave);
+    `max_waiting`: questions that may wait beyond the batch's free places (waiting: submitted, not
+    yet prepared), past which `submit` raises QueueFull.
+    """
+
+    def __init__(self, runner: Runner, tokenizer, max_batch: int = 16, max_waiting: int = 64) -> None:
+        if max_batch < 1 or max_waiting < 0:
+            raise ValueError("max_batch must be >= 1 and max_waiting >= 0")
+        self.runner, self.tokenizer = runner, tokenizer
+        self.max_batch, self.max_waiting = max_batch, max_waiting
+        self.turns = FairTurns()
+        self.batch_sizes: collections.Counter[int] = collections.Counter()  # steps run at each batch size
+        self._waiting: collections.deque[_Submitted] = collections.deque()
+        self._pending = 0  # submitted and not yet prepared: those in `_waiting` and those being admitted
+        self._active: list[_Active] = []
+        self._batch = StaticBatch(runner)
+        self._wake = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="answer-scheduler", daemon=True)
+        self._thread.start()
+
+    # ---- the askers' side ------------------------------------------------------------------------
+
+    def submit(self, documents: Documents, question, params: AnswerParams | None = None,
+               chunk_priors: Sequence[Sequence[float]] | None = None,
+               interrupt_check: Callable[[], None] | None = None) -> QuestionHandle:
+        """Queues a question (arguments as `engine.method.answer.stream_answer`); its events come
+        from the returned handle. `interrupt_check` runs on the scheduler's thread before each of
+        the question's phases and steps; what it raises ends the question with that error."""
+        handle = QuestionHandle()
+        with self._wake:
+            if self._closed:
+                raise RuntimeError("the scheduler is closed")
+            free_slots = max(0, self.max_batch - len(self._active))
+            if self._pending >= self.max_waiting + free_slots:
+                raise QueueFull(f"{self._pending} questions are waiting")
+            self._pending += 1
+            self._waiting.append(_Submitted(documents, question, params or AnswerParams(), chunk_priors,
+                                            interrupt_check, handle))
+            self._wake.notify()
+        return handle
+
+    def stream(self, documents: Documents, question, params: AnswerParams | None = None,
+               chunk_priors: Sequence[Sequence[float]] | None = None,
+               interrupt_check: Callable[[], None] | None = None) -> Iterator[DecodeStep | AnswerResult]:
+        """`submit`, iterated: the same events as `stream_answer` gives for the question alone."""
+        yield from self.submit(documents, question, params, chunk_priors, interrupt_check)
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        """Holds the model between two steps, for other model work (a prefill batch)."""
+        with self.turns.turn():
+            yield
+
+    def load(self) -> tuple[int, int]:
+        """(questions being decoded, questions waiting)."""
+        with self._wake:
+            return len(self._active), len(self._waiting)
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout=30)
+
+    # ---- the scheduler's thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():  # thread-local: the askers' mode does not reach this thread
+                self._serve()
+        except BaseException as exc:  # noqa: BLE001 - a bug here must not leave askers waiting forever
+            logger.exception("the answer scheduler stopped")
+            with self._wake:
+                self._closed = True
+            for active in list(self._active):
+                self._end(active, exc)
+            for submitted in self._waiting:
+                self._fail(submitted, exc)
+            raise
+
+    def _serve(self) -> None:
+        while True:
+            with self._wake:
+                while not self._closed and not self._waiting and not self._active:
+                    self._wake.wait()
+                if self._closed:
+                    break
+                admit = []
+                while self._waiting and len(self._active) + len(admit) < self.max_batch:
+                    admit.append(self._waiting.popleft())
+            for submitted in admit:
+                self._prepare(submitted)
+            if self._active:
+                with self.turns.turn():
+                    self._step()
+        for active in list(self._active):
+            self._end(active, RuntimeError("the scheduler was closed"))
+        for submitted in self._waiting:
+            submitted.handle._events.put(RuntimeError("the scheduler was closed"))
+
+    def _check(self, submitted: _Submitted) -> None:
+        if submitted.handle._cancelled.is_set():
+            raise _Cancelled()
+        if submitted.interrupt_check is not None:
+            submitted.interrupt_check()
+
+    def _prepare(self, submitted: _Submitted) -> None:
+        params = submitted.params
+        try:
+            self._check(submitted)
+            # Outside a turn: a loader that has to prefill takes turns of its own.
+            documents = submitted.documents() if callable(submitted.documents) else submitted.documents
+            with self.turns.turn():
+                self._prepare_answer(submitted, documents, params)
+        except BaseException as exc:  # noqa: BLE001 - the question's error goes to its asker
+            self._fail(submitted, exc)
+        finally:
+            with self._wake:
+                self._pending -= 1
+
+    def _prepare_answer(self, submitted: _Submitted, documents: Sequence[DocumentKV], params: AnswerParams) -> None:
+        self._check(submitted)
+        paged_busy = any(isinstance(a.prepared.decoder, PagedStaticDecoder) for a in self._active)
+        if paged_busy and params.static_layout != "contiguous" and params.kv_mode == "static" \
+                and uses_paged_layout(self.runner, documents, params):
+            params = dataclasses.replace(params, static_layout="contiguous")
+        prepared = prepare_answer(self.runner, self.tokenizer, documents, submitted.question, params,
+                                  lambda: self._check(submitted), submitted.chunk_priors)
+        loop = decode_blocks(prepared.decoder, self.runner.cfg, prepared.sampling, prepared.generator,
+                             self.runner.device)
+        self._active.append(_Active(submitted, prepared, loop))
+
+    def _advance(self, active: _Active, reply: torch.Tensor | None) -> bool:
+        """Runs the question's loop to its next LogitsRequest, posting its steps; False once done."""
+        while True:
+            try:
+                item = active.loop.send(reply)
+            except StopIteration as done:
+                result = active.prepared.result(done.value, self.tokenizer)
+                self._end(active, None, result)
+                return False
+            reply = None
+            if isinstance(item, LogitsRequest):
+                active.request = item
+                return True
+            active.submitted.handle._events.put(item)
+
+    def _step(self) -> None:
+        ready: list[_Active] = []
+        for active in list(self._active):
+            try:
+                self._check(active.submitted)
+                if active.request is None and not self._advance(active, None):
+                    continue
+                ready.append(active)
+            except BaseException as exc:  # noqa: BLE001
+                self._end(active, exc)
+        if not ready:
+            self._batch.clear()
+            return
+        batched = [a for a in ready if StaticBatch.accepts(a.request.decoder)]
+        by_block: dict[int, list[_Active]] = collections.defaultdict(list)
+        for a in batched:
+            by_block[a.request.decoder.block_length].append(a)
+        groups = [g for g in by_block.values() if len(g) > 1]
+        if not groups:
+            self._batch.clear()  # nothing batched: its stacked contexts would only hold memory
+        alone = [a for a in ready if not any(a in g for g in groups)]
+        self.batch_sizes[len(ready)] += 1
+        replies: list[tuple[_Active, torch.Tensor | BaseException]] = []
+        for group in groups:
+            try:
+                logits = self._batch.slot_logits([a.request for a in group])
+                replies += list(zip(group, logits, strict=True))
+            except BaseException as exc:  # noqa: BLE001 - a failed batch fails its questions
+                replies += [(a, exc) for a in group]
+        for a in alone:
+            try:
+                r = a.request
+                replies.append((a, r.decoder.slot_logits(r.block, r.answer, r.slots)))
+            except BaseException as exc:  # noqa: BLE001
+                replies.append((a, exc))
+        for active, reply in replies:
+            if isinstance(reply, BaseException):
+                self._end(active, reply)
+                continue
+            active.request = None
+            try:
+                self._advance(active, reply)
+            except BaseException as exc:  # noqa: BLE001
+                self._end(active, exc)
+
+    def _end(self, active: _Active, error: BaseException | None, result: AnswerResult | None = None) -> None:
+        if active in self._active:
+            self._active.remove(active)
+        active.loop.close()
+        if isinstance(active.prepared.decoder, PagedStaticDecoder):
+            release_pages(self.runner)
+        if error is not None:
+            self._fail(active.submitted, error)
+        else:
+            active.submitted.handle._events.put(result)
+            active.submitted.handle._events.put(_DONE)
+
+    def _fail(self, submitted: _Submitted, error: BaseException) -> None:
+        if isinstance(error, _Cancelled):
+            submitted.handle._events.put(_DONE)
+            return
+        if isinstance(error, torch.OutOfMemoryError):  # what the kept passes hold may be what it lacked
+            self.runner.forget()
+        submitted.handle._events.put(error)
+
+
+class _Cancelled(Exception):
+    """The asker cancelled the question (its handle); it ends with no result and no error."""

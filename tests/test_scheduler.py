@@ -1,0 +1,163 @@
+"""Continuous batching of questions (engine/scheduler.py, engine.decode.static.StaticBatch)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from engine import AnswerParams, SamplingParams
+from engine.decode.loop import DecodeStep, decode_blocks
+from engine.decode.static import StaticBatch
+from engine.method.answer import AnswerResult, prepare_answer
+from engine.scheduler import AnswerScheduler, FairTurns, QueueFull
+from tests.tiny_inputs import doc_ids
+
+
+def _params(gen_length: int = 16, block_length: int = 8, top_k: int = 3, **kw) -> AnswerParams:
+    return AnswerParams(top_k=top_k, sampling=SamplingParams(gen_length=gen_length, block_length=block_length,
+                                                             stop_at_eos=False, **kw))
+
+
+def _documents(engine, count: int):
+    # Odd lengths and chunk counts, so the batched contexts differ in length and need padding.
+    return [engine.prefill(doc_ids(37 + 23 * i, 300, seed=10 + i), chunk_size=16) for i in range(count)]
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
+def test_batched_step_logits_match_each_decoder_alone(engines, family):
+    engine = engines[family]
+    runner = engine.runner
+    questions = ["What is it?", "Who signed the quay contract in the spring?", "When?"]
+    prepared = [prepare_answer(runner, engine.tokenizer, [doc], q, _params(top_k=1 + i))
+                for i, (doc, q) in enumerate(zip(_documents(engine, 3), questions, strict=True))]
+    loops = [decode_blocks(p.decoder, runner.cfg, p.sampling, p.generator, runner.device) for p in prepared]
+    requests = [next(loop) for loop in loops]
+    assert all(StaticBatch.accepts(r.decoder) for r in requests)
+    lengths = {r.decoder.ctx.key_valid.shape[1] for r in requests}
+    assert len(lengths) == 3  # three context lengths: the batch pads
+    batched = StaticBatch(runner).slot_logits(requests)
+    for request, logits in zip(requests, batched, strict=True):
+        alone = request.decoder.slot_logits(request.block, request.answer, request.slots)
+        assert logits.shape == alone.shape
+        torch.testing.assert_close(logits, alone, atol=2e-5, rtol=1e-4)  # fp32 on the CPU
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
+def test_scheduled_answers_equal_the_questions_alone(engines, family):
+    """Five questions at once over five documents, two answer lengths (so some leave the batch
+    before others) and two blocks each: the same greedy tokens and steps as each alone."""
+    engine = engines[family]
+    docs = _documents(engine, 5)
+    asks = [(docs[i], f"Question {i}: what is the code of pier {i}?", _params(gen_length=16 if i % 2 else 8))
+            for i in range(5)]
+    alone = [engine.answer(doc, q, p) for doc, q, p in asks]
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=8)
+    try:
+        handles = [scheduler.submit([doc], q, p) for doc, q, p in asks]
+        results = []
+        for handle in handles:
+            events = list(handle)
+            assert all(isinstance(e, DecodeStep) for e in events[:-1]) and isinstance(events[-1], AnswerResult)
+            results.append(events[-1])
+        assert max(scheduler.batch_sizes) > 1  # they did share steps
+    finally:
+        scheduler.close()
+    for a, b in zip(alone, results, strict=True):
+        assert b.answer_ids == a.answer_ids and b.text == a.text
+        assert [(r.document, r.chunk) for r in b.trace.selected] == [(r.document, r.chunk) for r in a.trace.selected]
+        assert b.trace.steps == a.trace.steps
+
+
+def test_an_error_or_a_cancel_ends_only_its_own_question(engines):
+    engine = engines["llada"]
+    docs = _documents(engine, 2)
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer)
+    try:
+        calls = []
+
+        def stop_at_third_check() -> None:
+            calls.append(1)
+            if len(calls) >= 3:
+                raise TimeoutError("past its budget")
+
+        failing = scheduler.submit([docs[0]], "What?", _params(), interrupt_check=stop_at_third_check)
+        cancelled = scheduler.submit([docs[1]], "What?", _params())
+        fine = scheduler.submit([docs[1]], "Who?", _params())
+        cancelled.cancel()
+        with pytest.raises(TimeoutError, match="past its budget"):
+            list(failing)
+        assert list(cancelled) == []  # no result, no error
+        assert isinstance(list(fine)[-1], AnswerResult)
+        with pytest.raises(ValueError, match="empty"):  # a question that cannot start says why
+            list(scheduler.submit([], "What?", _params()))
+        assert scheduler.load() == (0, 0)
+    finally:
+        scheduler.close()
+
+
+def test_a_full_queue_refuses_at_once(engines):
+    engine = engines["llada"]
+    doc = _documents(engine, 1)[0]
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=1, max_waiting=1)
+    try:
+        with scheduler.turn():  # the model is busy: nothing is admitted meanwhile
+            first = scheduler.submit([doc], "What?", _params())
+            second = None
+            for _ in range(50):  # the first is taken off the queue (then waits for its turn)
+                try:
+                    second = scheduler.submit([doc], "Who?", _params())
+                    break
+                except QueueFull:
+                    threading.Event().wait(0.02)
+            assert second is not None
+            with pytest.raises(QueueFull):
+                scheduler.submit([doc], "When?", _params())
+        assert isinstance(list(first)[-1], AnswerResult) and isinstance(list(second)[-1], AnswerResult)
+    finally:
+        scheduler.close()
+
+
+def test_fair_turns_are_granted_in_the_order_asked():
+    turns, done = FairTurns(), []
+
+    def worker(i: int) -> None:
+        with turns.turn():
+            done.append(i)
+
+    workers = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    with turns.turn():
+        for w in workers:
+            w.start()
+            threading.Event().wait(0.05)  # each asks after the one before, while the lock is held
+    for w in workers:
+        w.join(timeout=10)
+    assert done == list(range(6))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["dream", "llada"])
+def test_scheduled_answers_equal_the_questions_alone_on_the_gpu(family, dream_dir, llada_dir):
+    """As on the CPU, on CUDA: the question alone decodes paged (split-KV, CUDA graphs); in the
+    batch one decodes paged and the others batched over padded contiguous contexts. fp32, so that
+    greedy choices cannot flip on a rounding difference between the two paths."""
+    from engine import Engine
+
+    engine = Engine.from_pretrained(dream_dir if family == "dream" else llada_dir, device="cuda", dtype=torch.float32)
+    docs = [engine.prefill(doc_ids(37 + 23 * i, 300, seed=10 + i), chunk_size=16) for i in range(6)]
+    asks = [(docs[i], f"Question {i}: what is the code of pier {i}?", _params(gen_length=16 if i % 2 else 8))
+            for i in range(6)]
+    alone = [engine.answer(doc, q, p) for doc, q, p in asks]
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=8)
+    try:
+        with scheduler.turn():  # all six are admitted together once the turn is given back
+            handles = [scheduler.submit([doc], q, p) for doc, q, p in asks]
+        results = [list(h)[-1] for h in handles]
+        assert max(scheduler.batch_sizes) > 2
+    finally:
+        scheduler.close()
+    layouts = {r.trace.static_layout for r in results}
+    assert {"paged", "contiguous"} <= layouts or layouts == {"contiguous"}
+    for a, b in zip(alone, results, strict=True):
+        assert b.answer_ids == a.answer_ids

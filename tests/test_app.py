@@ -217,18 +217,18 @@ def _serve(service, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(service, tmp_path_factory):
-    demo, url = _serve(service, tmp_path_factory)
+    web, url = _serve(service, tmp_path_factory)
     yield url
-    demo.close()
+    web.close()
 
 
 @pytest.fixture
 def fresh_server(tmp_path_factory):
     """A server over an empty library, as a new user sees it."""
-    demo, url = _serve(DocQA(ServiceConfig(data_dir=tmp_path_factory.mktemp("fresh"), device="cpu")),
+    web, url = _serve(DocQA(ServiceConfig(data_dir=tmp_path_factory.mktemp("fresh"), device="cpu")),
                        tmp_path_factory)
     yield url
-    demo.close()
+    web.close()
 
 
 def test_gradio_api(server, tmp_path):

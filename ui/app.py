@@ -1,13 +1,23 @@
-"""The Gradio app: Library, Chat, Inspect and Settings tabs over one DocQA service."""
+"""The Gradio app: Library, Chat, Inspect and Settings tabs over one DocQA service, served with
+the OpenAI-compatible API (ui.openai_api) on the same port."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import threading
+import time
+from collections.abc import Callable
 
 import gradio as gr
+import uvicorn
+from fastapi import FastAPI
+from starlette.routing import Mount
 
 from app.service import DocQA, device_summary
 from ui import chat, inspect, library, settings
+from ui.openai_api import create_api
 
 
 def build_app(service: DocQA) -> gr.Blocks:
@@ -36,11 +46,85 @@ def build_app(service: DocQA) -> gr.Blocks:
     return demo
 
 
-def launch(service: DocQA, host: str = "127.0.0.1", port: int = 7860, block: bool = True) -> gr.Blocks:
+class WebServer:
+    """The Gradio app at / and the OpenAI-compatible API at /v1 (ui.openai_api), on one port,
+    served by uvicorn. `serve` runs it in this thread until interrupted; `start` in a thread of its
+    own, returning once it listens; `close` stops it."""
+
+    def __init__(self, service: DocQA, demo: gr.Blocks, host: str, port: int) -> None:
+        root = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+        root.mount("/v1", create_api(service))  # before Gradio's mount at /, which takes every path
+        gr.mount_gradio_app(root, demo, path="/", server_name=host, server_port=port, show_error=True,
+                            max_file_size=service.config.max_upload_bytes, enable_monitoring=False)
+        # Gradio checks that the files an event names are uploads only in apps it launched itself
+        # (gradio.processing_utils._check_allowed); a mounted app is served all the same, so it is
+        # marked launched, else a request could name any file on the machine for ingest.
+        demo.has_launched = True
+        self.demo = demo
+        self._gradio = next(r.app for r in root.routes if isinstance(r, Mount) and r.path == "")
+        # Bound here, so that a port in use is an OSError from `launch` (the CLI's one-line error).
+        try:
+            self._socket = socket.create_server(
+                (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise OSError(f"cannot listen on {host}:{port}: {reason}") from None
+        self.port = self._socket.getsockname()[1]
+        self.url = f"http://{f'[{host}]' if ':' in host else host}:{self.port}/"
+        config = uvicorn.Config(root, host=host, port=self.port, log_level="warning", access_log=False,
+                                lifespan="on",  # Gradio's queue starts in the app's lifespan
+                                timeout_graceful_shutdown=5)  # then streams still open are cut
+        self._server = _Uvicorn(config, on_shutdown=self._end_sessions)
+        self._thread: threading.Thread | None = None
+
+    def serve(self) -> None:
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl+C it stopped on: a normal end
+            self._server.run(sockets=[self._socket])
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
+                                        name="docqa-web", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"the web server did not start on {self.url} (see the log above)")
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._socket.close()
+
+    def _end_sessions(self) -> None:
+        """Ends what keeps connections open, on the server's loop as it shuts down: Gradio's queue
+        and its browser sessions' heartbeats (else every open tab holds the shutdown)."""
+        self.demo.close(verbose=False)
+        self._gradio.stop_event.set()
+
+
+class _Uvicorn(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._on_shutdown()
+        await super().shutdown(sockets)
+
+
+def launch(service: DocQA, host: str = "127.0.0.1", port: int = 7860, block: bool = True) -> WebServer:
+    """Serves the web app and the OpenAI-compatible API on `host:port` (loopback by default). With
+    `block`, until interrupted; else in the background: `close()` the server returned."""
     # Uploads go to the app's own folder inside the data folder, not the machine-wide one, where
     # every Gradio app's files lie: only those are served and only those can be added.
     os.environ["GRADIO_TEMP_DIR"] = str(service.upload_dir)
-    demo = build_app(service)
-    demo.launch(server_name=host, server_port=port, share=False, max_file_size=service.config.max_upload_bytes,
-                show_error=True, enable_monitoring=False, prevent_thread_lock=not block, quiet=not block)
-    return demo
+    server = WebServer(service, build_app(service), host, port)
+    if block:
+        print(f"* Running on {server.url} (the web app; the OpenAI-compatible API at {server.url}v1)", flush=True)
+        server.serve()
+    else:
+        server.start()
+    return server

@@ -107,7 +107,7 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="how KV files keep keys and values: fp8 (e4m3 with scales, half of bf16's bytes) or "
                             f"bf16 (default {DEFAULT_KV_ENCODING}); each is a cache of its own")
 
-    sv = sub.add_parser("serve", help="start the web app (127.0.0.1 by default)")
+    sv = sub.add_parser("serve", help="start the web app and its OpenAI-compatible API at /v1 (127.0.0.1 by default)")
     service_args(sv)
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (never shared publicly)")
     sv.add_argument("--port", type=int, default=7860)

@@ -43,3 +43,21 @@ def test_bench_with_the_prefilter_scores_m_chunks_and_times_the_search(tmp_path)
     assert cut.phases["bm25"] > 0 and cut.steps == plain.steps == 32
     md = bench.table(rows)
     assert "| static+bm25@4" in md and "bm25 ms" in md
+
+
+def test_bench_concurrency_batches_the_users_questions(tmp_path):
+    from tools import load_bench
+
+    phases = load_bench.run("tiny", 3, 256, 16, "cpu", chunk_size=32, top_k=2, rounds=2, poisson_questions=6,
+                            progress=lambda line: None)
+    by_name = {p.name: p for p in phases}
+    assert list(by_name) == ["single", "burst", "closed", "poisson@80%"]
+    assert by_name["burst"].questions == 3 and by_name["closed"].questions == 6
+    assert by_name["poisson@80%"].questions == 6
+    assert max(by_name["burst"].batch_sizes) == 3  # the three asked at once shared steps
+    assert set(by_name["single"].batch_sizes) == {1}
+    for p in phases:
+        assert p.p95_s >= p.p50_s > 0 and p.throughput_qps > 0
+    load_bench.write(phases, tmp_path, {"shape": "tiny"})
+    assert len(json.loads((tmp_path / "concurrency.json").read_text())["phases"]) == 4
+    assert load_bench.table(phases).splitlines()[2].startswith("| single | 3 |")

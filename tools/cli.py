@@ -68,6 +68,13 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="run the layers eagerly on CUDA (default: compiled layer halves, every mode)")
     bn.add_argument("--prefilter", type=non_negative_int, nargs="+", default=[0], metavar="M",
                     help="BM25 candidates static and joint score (0: every chunk), e.g. 0 64")
+    bn.add_argument("--concurrency", type=non_negative_int, default=0, metavar="N",
+                    help="N users at once over N cached documents through the question scheduler "
+                         "(the first --contexts and --answers, static mode): burst, throughput, Poisson latency")
+    bn.add_argument("--rounds", type=non_negative_int, default=4, help="with --concurrency: questions each user asks "
+                                                                       "in the throughput phase")
+    bn.add_argument("--load", type=float, default=0.8, help="with --concurrency: Poisson arrival rate as a "
+                                                            "fraction of the measured throughput")
     bn.add_argument("--out", type=Path, default=Path("bench-out"))
 
     mk = sub.add_parser("make-random-model",
@@ -137,6 +144,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"docqa-tools: --llada-folds must be 0 (leave-one-out) or more, got {args.llada_folds}", file=sys.stderr)
         return EXIT_USAGE
     scoring = ScoringParams(scorer=args.scorer, llada_folds=args.llada_folds or None)
+    if args.concurrency:
+        return _bench_concurrency(args)
     rows = bench.run(args.shape, args.contexts, args.answers, args.modes, args.device, args.chunk_size, args.top_k,
                      args.dense_budget_s, progress=lambda line: print(line, file=sys.stderr, flush=True),
                      compile_layers=not args.no_compile, scoring=scoring, prefilters=tuple(args.prefilter))
@@ -147,6 +156,26 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             "rule": "one token committed per step in every mode"}
     bench.write(rows, args.out, meta)
     print(bench.table(rows))
+    return EXIT_OK
+
+
+def _bench_concurrency(args: argparse.Namespace) -> int:
+    import torch
+
+    from tools import load_bench
+
+    if not 0 < args.load <= 1.5 or not args.rounds:
+        print("docqa-tools: --load must be in (0, 1.5] and --rounds at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    phases = load_bench.run(args.shape, args.concurrency, args.contexts[0], args.answers[0], args.device,
+                            args.chunk_size, args.top_k, rounds=args.rounds, load=args.load,
+                            progress=lambda line: print(line, file=sys.stderr, flush=True))
+    meta = {"shape": args.shape, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "torch": torch.__version__, "concurrency": args.concurrency, "context": args.contexts[0],
+            "answer": args.answers[0], "chunk_size": args.chunk_size, "top_k": args.top_k, "load": args.load,
+            "rule": "one token committed per step"}
+    load_bench.write(phases, args.out, meta)
+    print(load_bench.table(phases))
     return EXIT_OK
 
 

@@ -1,0 +1,166 @@
+"""`docqa-tools bench --concurrency N`: many users at once through the question scheduler.
+
+N random-token documents are prefilled once (random weights at a real shape, nothing downloaded);
+then, through one `engine.scheduler.AnswerScheduler` as the app runs one:
+
+- `single`: one question alone, several times (the latency every other figure is compared with);
+- `burst`: N questions on the N documents submitted at the same instant: the wall time until the
+  last answer (serialised, it would be about N x single);
+- `closed`: N users, each asking its own document again as soon as its answer arrives: throughput
+  (questions a second) at N concurrent users;
+- `poisson`: questions arriving at random (exponential gaps) at `load` x the closed-loop throughput,
+  each on one of the N documents in turn: p50 and p95 latency from arrival to answer.
+
+Each question's answer follows the rule of `docqa-tools bench` (one token committed per step, stop at
+EOS off), so random weights cannot change the step count. The batch sizes the scheduler ran steps
+at are counted per phase.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from engine import AnswerParams, SamplingParams
+from engine.attention import select_backend
+from engine.method.answer import AnswerResult
+from engine.method.prefill import prefill_document
+from engine.model.weights import random_model
+from engine.runner import Runner
+from engine.scheduler import AnswerScheduler
+from tools.bench import BENCH_SCORING, SHAPES, random_question
+
+
+@dataclass
+class LoadPhase:
+    name: str
+    questions: int
+    wall_s: float
+    throughput_qps: float
+    p50_s: float
+    p95_s: float
+    batch_sizes: dict[int, int]  # steps run at each batch size
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+class _Phase:
+    """Times questions submitted to the scheduler from any thread."""
+
+    def __init__(self, scheduler: AnswerScheduler, name: str) -> None:
+        self.scheduler, self.name = scheduler, name
+        self.latencies: list[float] = []
+        self._lock = threading.Lock()
+        scheduler.batch_sizes.clear()
+        self.start = time.perf_counter()
+
+    def ask(self, doc, prompt, params: AnswerParams) -> None:
+        t = time.perf_counter()
+        events = list(self.scheduler.submit([doc], prompt, params))
+        if not isinstance(events[-1], AnswerResult):
+            raise RuntimeError(f"a question ended without an answer: {events[-1]!r}")
+        with self._lock:
+            self.latencies.append(time.perf_counter() - t)
+
+    def result(self) -> LoadPhase:
+        wall = time.perf_counter() - self.start
+        n = len(self.latencies)
+        return LoadPhase(self.name, n, wall, n / wall, statistics.median(self.latencies),
+                         _percentile(self.latencies, 0.95), dict(sorted(self.scheduler.batch_sizes.items())))
+
+
+def _threads(targets) -> None:
+    threads = [threading.Thread(target=t) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def run(shape: str, concurrency: int, context: int, answer: int, device: str | None, chunk_size: int, top_k: int,
+        rounds: int = 4, poisson_questions: int = 64, load: float = 0.8, max_batch: int | None = None,
+        progress=print, seed: int = 0) -> list[LoadPhase]:
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    cfg = SHAPES[shape]
+    runner = Runner.for_model(random_model(cfg, dev, dtype), select_backend(dev, dtype), True)
+    gen = torch.Generator().manual_seed(seed)
+    docs = [prefill_document(runner, torch.randint(8, cfg.vocab_size, (context,), generator=gen), chunk_size)
+            for _ in range(concurrency)]
+    prompts = [random_question(cfg, gen) for _ in range(concurrency)]
+    sampling = SamplingParams(decoder="low_confidence", gen_length=answer, block_length=min(32, answer), steps=answer,
+                              stop_at_eos=False)
+    params = AnswerParams(top_k=top_k, kv_mode="static", scoring=BENCH_SCORING, sampling=sampling)
+    scheduler = AnswerScheduler(runner, None, max_batch=max_batch or concurrency,
+                                max_waiting=max(64, concurrency + poisson_questions))
+    phases: list[LoadPhase] = []
+
+    def report(phase: LoadPhase) -> None:
+        phases.append(phase)
+        progress(f"{shape} {phase.name:>8} x{phase.questions:<4}: wall {phase.wall_s:7.3f} s, "
+                 f"{phase.throughput_qps:6.2f} q/s, p50 {phase.p50_s:6.3f} s, p95 {phase.p95_s:6.3f} s, "
+                 f"batch sizes {phase.batch_sizes}")
+
+    try:
+        # Warm-up, untimed: compilation, CUDA graphs, the allocator's growth to a full batch.
+        _threads([lambda i=i: list(scheduler.submit([docs[i]], prompts[i], params)) for i in range(concurrency)])
+        _threads([lambda i=i: list(scheduler.submit([docs[i]], prompts[i], params)) for i in range(concurrency)])
+        single = _Phase(scheduler, "single")
+        for i in range(min(concurrency, 4)):
+            single.ask(docs[i], prompts[i], params)
+        report(single.result())
+
+        burst = _Phase(scheduler, "burst")
+        _threads([lambda i=i: burst.ask(docs[i], prompts[i], params) for i in range(concurrency)])
+        report(burst.result())
+
+        closed = _Phase(scheduler, "closed")
+        _threads([lambda i=i: [closed.ask(docs[i], prompts[i], params) for _ in range(rounds)]
+                  for i in range(concurrency)])
+        capacity = closed.result()
+        report(capacity)
+
+        rate = load * capacity.throughput_qps
+        poisson = _Phase(scheduler, f"poisson@{load:.0%}")
+        arrivals = random.Random(seed)
+        askers = []
+        for k in range(poisson_questions):
+            i = k % concurrency
+            askers.append(threading.Thread(target=poisson.ask, args=(docs[i], prompts[i], params)))
+            askers[-1].start()
+            time.sleep(arrivals.expovariate(rate))
+        for t in askers:
+            t.join()
+        report(poisson.result())
+    finally:
+        scheduler.close()
+    return phases
+
+
+def write(phases: list[LoadPhase], out_dir: Path, meta: dict) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "concurrency.json").write_text(json.dumps({"meta": meta, "phases": [asdict(p) for p in phases]},
+                                                         indent=1))
+
+
+def table(phases: list[LoadPhase]) -> str:
+    single = next((p.p50_s for p in phases if p.name == "single"), None)
+    lines = ["| phase | questions | wall s | q/s | p50 s | p95 s | p95 / single | batch sizes (steps) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for p in phases:
+        ratio = f"{p.p95_s / single:.2f}" if single else "-"
+        sizes = ", ".join(f"{k}: {v}" for k, v in p.batch_sizes.items())
+        lines.append(f"| {p.name} | {p.questions} | {p.wall_s:.3f} | {p.throughput_qps:.2f} | {p.p50_s:.3f} | "
+                     f"{p.p95_s:.3f} | {ratio} | {sizes} |")
+    return "\n".join(lines)
+

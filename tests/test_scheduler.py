@@ -161,3 +161,35 @@ def test_scheduled_answers_equal_the_questions_alone_on_the_gpu(family, dream_di
     assert {"paged", "contiguous"} <= layouts or layouts == {"contiguous"}
     for a, b in zip(alone, results, strict=True):
         assert b.answer_ids == a.answer_ids
+
+
+def test_a_prefill_and_questions_take_turns(engines):
+    """A long prefill (one chunk a batch) taking turns batch by batch lets a question asked during
+    it be answered long before it ends, and the prefill goes on meanwhile (neither starves)."""
+    from app.kv_service import in_turns
+
+    engine = engines["llada"]
+    doc = _documents(engine, 1)[0]
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer)
+    chunks = engine.chunk(doc_ids(400, 300, seed=3), chunk_size=8)  # one BOS and 7 tokens a chunk
+    batches_done: list[int] = []
+    answered_at: list[int] = []
+    try:
+        started = threading.Event()
+
+        def prefill() -> None:
+            for i, _ in enumerate(in_turns(engine.prefill_stream(chunks, token_budget=8), scheduler.turn)):
+                batches_done.append(i)
+                started.set()
+
+        worker = threading.Thread(target=prefill)
+        worker.start()
+        assert started.wait(60)
+        result = list(scheduler.submit([doc], "What is it?", _params(gen_length=8)))[-1]
+        answered_at.append(len(batches_done))
+        worker.join(120)
+    finally:
+        scheduler.close()
+    assert isinstance(result, AnswerResult)
+    assert chunks.num_chunks > 50 and len(batches_done) == chunks.num_chunks
+    assert 1 <= answered_at[0] < chunks.num_chunks  # answered while the prefill was still running

@@ -33,7 +33,7 @@ from engine.decode.loop import DecodeStep
 from engine.engine import resolve_device
 from engine.method.chunking import CONTENT_OFFSET
 from engine.model.weights import cpu_has_native_bf16, weight_file_digests
-from engine.scheduler import AnswerScheduler, QueueFull
+from engine.scheduler import AnswerScheduler, QueueFull, SchedulerStopped
 from storage import DocumentRecord, DocumentStore, PageSpan, ResultCache, StorageError, TieredKVPool
 from storage.kv_codec import DEFAULT_KV_ENCODING
 from storage.kv_files import file_sha256
@@ -431,8 +431,9 @@ class DocQA:
         """Streams the answer as it is denoised, then the cited result (also stored in SQLite).
 
         Raises ValueError for a question that cannot be asked (empty, too long, no or unknown
-        documents), QuestionStopped when `cancel` is set or the time budget runs out; the model is
-        free again then. Closing the generator also frees it (at the next decode step).
+        documents), QuestionStopped when `cancel` is set or the time budget runs out (also while it
+        waits for its place) or the server is stopping, ServiceBusy when too many questions wait.
+        Closing the generator also frees the model (at the next decode step).
 
         `prefilter_chunks`: how many chunks, the best by BM25, the scorer sees (None: the model's
         default for the engine's device, `app.defaults.prefilter_for`; 0: all). Absolute positions
@@ -478,9 +479,13 @@ class DocQA:
         except QueueFull:
             raise ServiceBusy(f"the server is busy ({self.config.max_waiting_questions} questions are waiting); "
                               "try again shortly") from None
+        except SchedulerStopped as exc:
+            raise QuestionStopped(str(exc)) from None
         canvas = [None] * params.sampling.gen_length
         final: AnswerResult | None = None
-        events = iter(handle)
+        # `stop` is also called while the question waits for its place, so a cancel or the budget
+        # ends it there too.
+        events = handle.events(check=stop)
         try:
             for event in events:  # the first comes once the scheduler has chosen the chunks
                 # A finished answer past the time budget is still given; a cancelled one never.
@@ -491,10 +496,12 @@ class DocQA:
                     yield AskEvent("step", partial=self._render(canvas))
                 else:
                     final = event
+        except SchedulerStopped as exc:
+            raise QuestionStopped(str(exc)) from None
         finally:  # stopped listening, cancelled or past the budget: the scheduler drops it at its next step
             handle.cancel()
-        if final is None:  # cancelled while it waited for the scheduler
-            raise QuestionStopped("the question was cancelled")
+        if final is None:  # the scheduler ended it without a result (it was closed meanwhile)
+            raise QuestionStopped("the question was stopped before its answer")
         result = self._build_result(final, records, size, conversation_id or "", load_s, candidates)
         self.memo.set(ANSWER_MEMO, request_key, {"document_ids": [r.id for r in records],
                                                  "result": self._result_to_json(result)})

@@ -43,6 +43,10 @@ class QueueFull(RuntimeError):
     """More questions wait than the scheduler takes (`max_waiting`); try again shortly."""
 
 
+class SchedulerStopped(RuntimeError):
+    """The scheduler was closed (the server is stopping), or stopped on an error of its own."""
+
+
 class FairTurns:
     """A lock granted in the order it was asked for (threading.Lock is not fair: a thread that
     releases and re-takes it at once can keep it from a waiting one forever)."""
@@ -57,8 +61,13 @@ class FairTurns:
         ticket = object()
         with self._cond:
             self._tickets.append(ticket)
-            while self._held or self._tickets[0] is not ticket:
-                self._cond.wait()
+            try:
+                while self._held or self._tickets[0] is not ticket:
+                    self._cond.wait()
+            except BaseException:  # interrupted while waiting: its ticket must not block the others
+                self._tickets.remove(ticket)
+                self._cond.notify_all()
+                raise
             self._tickets.popleft()
             self._held = True
         try:
@@ -88,9 +97,20 @@ class QuestionHandle:
         self._cancelled.set()
 
     def __iter__(self) -> Iterator[DecodeStep | AnswerResult]:
+        return self.events()
+
+    def events(self, check: Callable[[], None] | None = None, every_s: float = 0.25
+               ) -> Iterator[DecodeStep | AnswerResult]:
+        """The question's events; `check` (the asker's: cancelled? past its budget?) is called every
+        `every_s` while none arrives, so a question still waiting for its place can be stopped,
+        and what it raises ends the question."""
         try:
             while True:
-                item = self._events.get()
+                try:
+                    item = self._events.get(timeout=every_s if check is not None else None)
+                except queue.Empty:
+                    check()
+                    continue
                 if item is _DONE:
                     return
                 if isinstance(item, BaseException):
@@ -132,8 +152,9 @@ class AnswerScheduler:
         self.runner, self.tokenizer = runner, tokenizer
         self.max_batch, self.max_waiting = max_batch, max_waiting
         self.turns = FairTurns()
-        self.batch_sizes: collections.Counter[int] = collections.Counter()  # steps run at each batch size
+        self.batch_sizes: collections.Counter[int] = collections.Counter()  # forwards run at each row count
         self._waiting: collections.deque[_Submitted] = collections.deque()
+        self._admitting: list[_Submitted] = []  # taken off the queue, being prepared
         self._pending = 0  # submitted and not yet prepared: those in `_waiting` and those being admitted
         self._active: list[_Active] = []
         self._batch = StaticBatch(runner)
@@ -153,7 +174,7 @@ class AnswerScheduler:
         handle = QuestionHandle()
         with self._wake:
             if self._closed:
-                raise RuntimeError("the scheduler is closed")
+                raise SchedulerStopped("the question scheduler has stopped")
             free_slots = max(0, self.max_batch - len(self._active))
             if self._pending >= self.max_waiting + free_slots:
                 raise QueueFull(f"{self._pending} questions are waiting")
@@ -194,12 +215,11 @@ class AnswerScheduler:
                 self._serve()
         except BaseException as exc:  # noqa: BLE001 - a bug here must not leave askers waiting forever
             logger.exception("the answer scheduler stopped")
+            stopped = SchedulerStopped(f"the question scheduler stopped on an error ({exc})")
             with self._wake:
                 self._closed = True
-            for active in list(self._active):
-                self._end(active, exc)
-            for submitted in self._waiting:
-                self._fail(submitted, exc)
+            for submitted in [a.submitted for a in self._active] + list(self._waiting) + self._admitting:
+                submitted.handle._events.put(stopped)
             raise
 
     def _serve(self) -> None:
@@ -209,18 +229,24 @@ class AnswerScheduler:
                     self._wake.wait()
                 if self._closed:
                     break
+                for submitted in [w for w in self._waiting if w.handle._cancelled.is_set()]:
+                    self._waiting.remove(submitted)  # its asker left while it waited: it never runs
+                    self._pending -= 1
+                    submitted.handle._events.put(_DONE)
                 admit = []
                 while self._waiting and len(self._active) + len(admit) < self.max_batch:
                     admit.append(self._waiting.popleft())
+            self._admitting = admit
             for submitted in admit:
                 self._prepare(submitted)
+            self._admitting = []
             if self._active:
                 with self.turns.turn():
                     self._step()
         for active in list(self._active):
-            self._end(active, RuntimeError("the scheduler was closed"))
+            self._end(active, SchedulerStopped("the server is stopping"))
         for submitted in self._waiting:
-            submitted.handle._events.put(RuntimeError("the scheduler was closed"))
+            submitted.handle._events.put(SchedulerStopped("the server is stopping"))
 
     def _check(self, submitted: _Submitted) -> None:
         if submitted.handle._cancelled.is_set():
@@ -290,13 +316,16 @@ class AnswerScheduler:
         if not groups:
             self._batch.clear()  # nothing batched: its stacked contexts would only hold memory
         alone = [a for a in ready if not any(a in g for g in groups)]
-        self.batch_sizes[len(ready)] += 1
+        for group in groups:
+            self.batch_sizes[len(group)] += 1
+        self.batch_sizes[1] += len(alone)
         replies: list[tuple[_Active, torch.Tensor | BaseException]] = []
         for group in groups:
             try:
                 logits = self._batch.slot_logits([a.request for a in group])
                 replies += list(zip(group, logits, strict=True))
             except BaseException as exc:  # noqa: BLE001 - a failed batch fails its questions
+                self._batch.clear()
                 replies += [(a, exc) for a in group]
         for a in alone:
             try:
@@ -317,14 +346,17 @@ class AnswerScheduler:
     def _end(self, active: _Active, error: BaseException | None, result: AnswerResult | None = None) -> None:
         if active in self._active:
             self._active.remove(active)
-        active.loop.close()
-        if isinstance(active.prepared.decoder, PagedStaticDecoder):
-            release_pages(self.runner)
-        if error is not None:
+        if error is not None:  # the asker hears first: a cleanup that fails must not leave it waiting
             self._fail(active.submitted, error)
         else:
             active.submitted.handle._events.put(result)
             active.submitted.handle._events.put(_DONE)
+        try:
+            active.loop.close()
+            if isinstance(active.prepared.decoder, PagedStaticDecoder):
+                release_pages(self.runner)
+        except Exception:  # noqa: BLE001 - logged; the other questions go on
+            logger.exception("cleaning up after a question failed")
 
     def _fail(self, submitted: _Submitted, error: BaseException) -> None:
         if isinstance(error, _Cancelled):

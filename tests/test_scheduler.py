@@ -193,3 +193,29 @@ def test_a_prefill_and_questions_take_turns(engines):
     assert isinstance(result, AnswerResult)
     assert chunks.num_chunks > 50 and len(batches_done) == chunks.num_chunks
     assert 1 <= answered_at[0] < chunks.num_chunks  # answered while the prefill was still running
+
+
+def test_a_question_stopped_while_it_waits_never_runs(engines):
+    engine = engines["llada"]
+    doc = _documents(engine, 1)[0]
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=1, max_waiting=4)
+
+    def past_budget() -> None:
+        raise TimeoutError("past its budget")
+
+    try:
+        with scheduler.turn():  # the model is busy: the first waits for its turn, the second in the queue
+            first = scheduler.submit([doc], "What?", _params())
+            waiting = scheduler.submit([doc], "Who?", _params())
+            with pytest.raises(TimeoutError, match="past its budget"):  # the asker's check runs while it waits
+                list(waiting.events(check=past_budget, every_s=0.05))
+        assert isinstance(list(first)[-1], AnswerResult)
+        assert list(waiting) == []  # dropped from the queue: no result, no error
+        for _ in range(100):
+            if scheduler.load() == (0, 0) and scheduler._pending == 0:
+                break
+            threading.Event().wait(0.02)
+        assert scheduler.load() == (0, 0) and scheduler._pending == 0
+        assert scheduler.batch_sizes == {1: sum(scheduler.batch_sizes.values())}  # only the first ran
+    finally:
+        scheduler.close()

@@ -8,7 +8,7 @@ import threading
 import gradio as gr
 
 from app.errors import StorageError
-from app.service import DocQA, QuestionStopped
+from app.service import DocQA, QuestionStopped, ServiceBusy
 from ui import inspect
 from ui.settings import SettingsInputs, to_params
 
@@ -106,7 +106,7 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
                     yield (history, gr.update(choices=conversation_choices(service), value=r.conversation_id or None),
                            inspect.scores_frame(r), inspect.chosen_spans(r), inspect.anchors_figure(r),
                            r.timings, "")
-        except (ValueError, QuestionStopped, StorageError) as exc:
+        except (ValueError, QuestionStopped, ServiceBusy, StorageError) as exc:
             raise gr.Error(str(exc)) from None
         finally:  # also when Gradio closes this generator (the client went away)
             cancel.set()

@@ -370,7 +370,7 @@ def run(commands: dict, args: argparse.Namespace, prog: str) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     import sqlite3
 
-    from app.errors import MODEL_ERRORS, QuestionStopped, StorageError
+    from app.errors import MODEL_ERRORS, QuestionStopped, ServiceBusy, StorageError
 
     try:
         return commands[args.command](args)
@@ -380,7 +380,7 @@ def run(commands: dict, args: argparse.Namespace, prog: str) -> int:
     except StorageError as exc:
         print(f"{prog}: storage: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    except QuestionStopped as exc:
+    except (QuestionStopped, ServiceBusy) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except sqlite3.DatabaseError as exc:  # damaged while in use (checked at open)

@@ -214,7 +214,7 @@ class StaticBatch:
 
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
-        self._members: tuple[int, ...] = ()
+        self._members: tuple[FixedContext, ...] = ()  # held, so that no new context can take their ids
         self._past: list[LayerKV] = []
         self._valid: torch.Tensor | None = None  # [N, T_max] bool
 
@@ -229,9 +229,10 @@ class StaticBatch:
         return isinstance(decoder, StaticDecoder) and decoder._pending_first is None
 
     def _stack(self, decoders: list[StaticDecoder]) -> None:
-        members = tuple(id(d.ctx) for d in decoders)
-        if members == self._members:
+        members = tuple(d.ctx for d in decoders)
+        if len(members) == len(self._members) and all(a is b for a, b in zip(members, self._members, strict=True)):
             return
+        self.clear()  # a failure below leaves no half-built batch behind under the old members
         lengths = [d.ctx.key_valid.shape[1] for d in decoders]
         t_max = max(lengths)
         self._past = []

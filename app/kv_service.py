@@ -264,9 +264,10 @@ class DocumentKVService:
         ids, offsets, breaks = tokenize_for_chunks(self.engine, text)
         chunks = self.engine.chunk(ids, key.chunk_size, breaks)
         records = chunk_records(chunks, offsets, text, self.store.pages(key.document_id))
-        # Each batch encoded (fp8 scales, the copy to the host) inside its turn too: GPU work from
+        # Each batch encoded (fp8 scales) and copied to the host inside its turn too: GPU work from
         # another thread during a CUDA-graph capture on the scheduler's would break the capture.
-        parts = in_turns((file_part(b.keys, b.values, chunks, b.start, b.end, self.encoding)
+        parts = in_turns(({name: t.cpu() for name, t in file_part(b.keys, b.values, chunks, b.start, b.end,
+                                                                  self.encoding).items()}
                           for b in self.engine.prefill_stream(chunks, progress, self.prefill_tokens)), self.model_turn)
         try:
             self.store.save_kv(key, parts, CHUNK_AXIS, records, num_tokens=len(offsets))

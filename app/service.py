@@ -474,6 +474,8 @@ class DocQA:
             return docs
 
         yield AskEvent("status", "waiting for the model")
+        canvas = [None] * params.sampling.gen_length
+        final: AnswerResult | None = None
         try:
             handle = self.scheduler.submit(load, question, params, priors, interrupt_check=stop)
         except QueueFull:
@@ -481,13 +483,10 @@ class DocQA:
                               "try again shortly") from None
         except SchedulerStopped as exc:
             raise QuestionStopped(str(exc)) from None
-        canvas = [None] * params.sampling.gen_length
-        final: AnswerResult | None = None
-        # `stop` is also called while the question waits for its place, so a cancel or the budget
-        # ends it there too.
-        events = handle.events(check=stop)
         try:
-            for event in events:  # the first comes once the scheduler has chosen the chunks
+            # `stop` is also called while the question waits for its place, so a cancel or the
+            # budget ends it there too. The first event comes once the scheduler chose the chunks.
+            for event in handle.events(check=stop):
                 # A finished answer past the time budget is still given; a cancelled one never.
                 stop(budget=isinstance(event, DecodeStep))
                 if isinstance(event, DecodeStep):

@@ -184,12 +184,6 @@ class AnswerScheduler:
             self._wake.notify()
         return handle
 
-    def stream(self, documents: Documents, question, params: AnswerParams | None = None,
-               chunk_priors: Sequence[Sequence[float]] | None = None,
-               interrupt_check: Callable[[], None] | None = None) -> Iterator[DecodeStep | AnswerResult]:
-        """`submit`, iterated: the same events as `stream_answer` gives for the question alone."""
-        yield from self.submit(documents, question, params, chunk_priors, interrupt_check)
-
     @contextmanager
     def turn(self) -> Iterator[None]:
         """Holds the model between two steps, for other model work (a prefill batch)."""

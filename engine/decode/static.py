@@ -216,7 +216,7 @@ class StaticBatch:
         self.runner = runner
         self._members: tuple[FixedContext, ...] = ()  # held, so that no new context can take their ids
         self._past: list[LayerKV] = []
-        self._valid: torch.Tensor | None = None  # [N, T_max] bool
+        self._valid: torch.Tensor | None = None  # [N, T_max + block] bool: each row's keys, then its block
 
     def clear(self) -> None:
         """Drops the stacked contexts (the batch's questions are done)."""
@@ -244,7 +244,8 @@ class StaticBatch:
                 keys[i, :, :lengths[i]] = d.ctx.kv[layer][0][0]
                 values[i, :, :lengths[i]] = d.ctx.kv[layer][1][0]
             self._past.append((keys, values))
-        self._valid = torch.zeros(len(decoders), t_max, dtype=torch.bool, device=k0.device)
+        self._valid = torch.zeros(len(decoders), t_max + decoders[0].block_length, dtype=torch.bool, device=k0.device)
+        self._valid[:, t_max:] = True
         for i, d in enumerate(decoders):
             self._valid[i, :lengths[i]] = d.ctx.key_valid[0]
         self._members = members
@@ -263,13 +264,12 @@ class StaticBatch:
         ids = torch.stack([r.answer[r.block * block_length:(r.block + 1) * block_length] for r in requests])
         positions = torch.stack([d.ctx.answer_start + r.block * block_length + steps
                                  for r, d in zip(requests, decoders, strict=True)])  # [N, block]
-        valid = torch.cat((self._valid, torch.ones(len(requests), block_length, dtype=torch.bool, device=device)), 1)
         # The rows predicting each request's slots (as block_logits picks them), padded to the
         # most slots with repeats of the last: [N, R].
         rows = [(prediction_rows(r.slots - r.block * block_length + 1, shifted) - 1).clamp_min(0) for r in requests]
         width = max(len(x) for x in rows)
         padded = torch.stack([torch.cat((x, x[-1:].expand(width - len(x)))) for x in rows])
-        out = self.runner.forward(ids, positions, full_mask(key_valid=valid), past=self._past,
+        out = self.runner.forward(ids, positions, full_mask(key_valid=self._valid), past=self._past,
                                   logits_rows=padded, return_kv=False)
         logits = []
         for i, (r, d) in enumerate(zip(requests, decoders, strict=True)):

@@ -157,7 +157,7 @@ class AnswerScheduler:
         self._admitting: list[_Submitted] = []  # taken off the queue, being prepared
         self._pending = 0  # submitted and not yet prepared: those in `_waiting` and those being admitted
         self._active: list[_Active] = []
-        self._batch = StaticBatch(runner)
+        self._batches: dict[int, StaticBatch] = {}  # by block length
         self._wake = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="answer-scheduler", daemon=True)
@@ -227,9 +227,12 @@ class AnswerScheduler:
                     self._waiting.remove(submitted)  # its asker left while it waited: it never runs
                     self._pending -= 1
                     submitted.handle._events.put(_DONE)
-                admit = []
-                while self._waiting and len(self._active) + len(admit) < self.max_batch:
-                    admit.append(self._waiting.popleft())
+                # With questions decoding, one is admitted between two of their steps, so that a
+                # burst of arrivals does not stall them for every newcomer's preparation.
+                room = self.max_batch - len(self._active)
+                if self._active:
+                    room = min(room, 1)
+                admit = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
             self._admitting = admit
             for submitted in admit:
                 self._prepare(submitted)
@@ -300,26 +303,32 @@ class AnswerScheduler:
             except BaseException as exc:  # noqa: BLE001
                 self._end(active, exc)
         if not ready:
-            self._batch.clear()
+            for batch in self._batches.values():
+                batch.clear()
+            self._batches.clear()
             return
-        batched = [a for a in ready if StaticBatch.accepts(a.request.decoder)]
+        # Static decoders step together, one batch per block length (a batch of one too: its
+        # forward is the captured one); any other decoder alone.
         by_block: dict[int, list[_Active]] = collections.defaultdict(list)
-        for a in batched:
-            by_block[a.request.decoder.block_length].append(a)
-        groups = [g for g in by_block.values() if len(g) > 1]
-        if not groups:
-            self._batch.clear()  # nothing batched: its stacked contexts would only hold memory
-        alone = [a for a in ready if not any(a in g for g in groups)]
-        for group in groups:
+        alone = []
+        for a in ready:
+            if StaticBatch.accepts(a.request.decoder):
+                by_block[a.request.decoder.block_length].append(a)
+            else:
+                alone.append(a)
+        for block_length in [b for b in self._batches if b not in by_block]:
+            self._batches.pop(block_length).clear()  # no question of it left: let go of their contexts
+        for group in by_block.values():
             self.batch_sizes[len(group)] += 1
         self.batch_sizes[1] += len(alone)
         replies: list[tuple[_Active, torch.Tensor | BaseException]] = []
-        for group in groups:
+        for block_length, group in by_block.items():
+            batch = self._batches.setdefault(block_length, StaticBatch(self.runner))
             try:
-                logits = self._batch.slot_logits([a.request for a in group])
+                logits = batch.slot_logits([a.request for a in group])
                 replies += list(zip(group, logits, strict=True))
             except BaseException as exc:  # noqa: BLE001 - a failed batch fails its questions
-                self._batch.clear()
+                batch.clear()
                 replies += [(a, exc) for a in group]
         for a in alone:
             try:

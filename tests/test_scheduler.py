@@ -44,6 +44,36 @@ def test_batched_step_logits_match_each_decoder_alone(engines, family):
         torch.testing.assert_close(logits, alone, atol=2e-5, rtol=1e-4)  # fp32 on the CPU
 
 
+def test_a_batch_keeps_rows_as_questions_come_and_go(engines):
+    """Rows of the batched step are kept by their contexts: a question leaving frees its row for a
+    newcomer, the others are not copied again."""
+    engine = engines["dream"]
+    runner = engine.runner
+    docs = _documents(engine, 4)
+    prepared = [prepare_answer(runner, engine.tokenizer, [doc], f"Which pier is number {i}?", _params(top_k=1 + i % 3))
+                for i, doc in enumerate(docs)]
+    requests = [next(decode_blocks(p.decoder, runner.cfg, p.sampling, p.generator, runner.device)) for p in prepared]
+    batch = StaticBatch(runner)
+
+    def check(members):
+        logits = batch.slot_logits([requests[i] for i in members])
+        for i, got in zip(members, logits, strict=True):
+            r = requests[i]
+            torch.testing.assert_close(got, r.decoder.slot_logits(r.block, r.answer, r.slots), atol=2e-5, rtol=1e-4)
+
+    check([0, 1, 2])  # three rows of a four-row step
+    step = batch._step
+    rows = {i: [j for j, m in enumerate(step.members) if m is requests[i].decoder.ctx] for i in (0, 1, 2)}
+    check([2, 3, 1])  # 0 left and 3 joined: 3 takes 0's row, 1 and 2 keep theirs
+    assert batch._step is step
+    for i, row in ((3, rows[0]), (1, rows[1]), (2, rows[2])):
+        assert [j for j, m in enumerate(step.members) if m is requests[i].decoder.ctx] == row
+    check([3])  # one question: a one-row step
+    assert batch._step is not step and all(m is None for m in step.members)  # the old rows let go
+    batch.clear()
+    assert batch._step is None
+
+
 @pytest.mark.parametrize("family", ["dream", "llada"])
 def test_scheduled_answers_equal_the_questions_alone(engines, family):
     """Five questions at once over five documents, two answer lengths (so some leave the batch

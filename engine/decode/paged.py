@@ -43,7 +43,7 @@ from engine.attention.split_kv import (
 from engine.cuda_graphs import GraphedCall
 from engine.decode.loop import slot_logits_from_rows
 from engine.decode.sampling import prediction_rows
-from engine.decode.static import SelectedChunks
+from engine.decode.static import SelectedChunks, kept_prefix_kv
 from engine.method.kv_cache import DocumentKV
 from engine.method.prompting import QuestionPrompt
 from engine.model.rope import shift_cos_sin
@@ -319,14 +319,8 @@ def paged_decoder(runner: Runner, document: DocumentKV, chunk_ids: list[int], ch
     question's pass over the pages, and a decoder for the answer's steps (captured graphs on CUDA).
     Reuses the runner's buffers and graphs when the layout matches (see `build_paged_context`).
     Returns the decoder and the BOS anchors of the question's pass ([K, L], on the host)."""
-    device, use_graph = runner.device, runner.uses_graphs
-    prefix_len = len(prompt.prefix_ids)
-
-    def prefix_pass() -> list[LayerKV]:
-        ids = torch.tensor(prompt.prefix_ids, device=device)[None]
-        return runner.forward(ids, torch.arange(prefix_len, device=device)[None], full_mask()).kv
-
-    prefix_kv = runner.kept("prefix kv", tuple(prompt.prefix_ids), 1, prefix_pass)
+    use_graph = runner.uses_graphs
+    prefix_kv = kept_prefix_kv(runner, prompt.prefix_ids)
     kept = runner.kept("paged buffers", None, 1, _PagedBuffers)
     nq = len(prompt.query_ids)
     ctx = build_paged_context(runner, document, chunk_ids, chunks, prefix_kv, nq, query_start + nq, gen_length,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import full_mask
+from engine.cuda_graphs import GraphedCall
 from engine.decode.loop import block_logits, slot_logits_from_rows
 from engine.decode.sampling import prediction_rows
 from engine.method.kv_cache import flatten_chunks, gather_kept_tokens, place_chunks
@@ -66,6 +67,17 @@ def _cat_kv(a: list[LayerKV], b: list[LayerKV]) -> list[LayerKV]:
     return [(torch.cat((ka, kb), 2), torch.cat((va, vb), 2)) for (ka, va), (kb, vb) in zip(a, b, strict=True)]
 
 
+def kept_prefix_kv(runner: Runner, prefix_ids: list[int]) -> list[LayerKV]:
+    """The prompt prefix's KV (per layer [1, Hkv, P, D]), kept by the runner per prefix: the prefix
+    attends only to itself, so it is the same for every question and document (never modified:
+    contexts are built from copies)."""
+    def prefix_pass() -> list[LayerKV]:
+        ids = torch.tensor(prefix_ids, device=runner.device)[None]
+        return runner.forward(ids, torch.arange(len(prefix_ids), device=runner.device)[None], full_mask()).kv
+
+    return runner.kept("prefix kv", tuple(prefix_ids), 1, prefix_pass)
+
+
 @torch.inference_mode()
 def build_static_context(runner: Runner, prompt: QuestionPrompt, chunks: SelectedChunks, query_start: int,
                          extra_ids: list[int] | None = None) -> FixedContext:
@@ -75,12 +87,11 @@ def build_static_context(runner: Runner, prompt: QuestionPrompt, chunks: Selecte
     """
     cfg, device = runner.cfg, runner.device
     p = len(prompt.prefix_ids)
-    prefix = runner.forward(torch.tensor(prompt.prefix_ids, device=device)[None],
-                            torch.arange(p, device=device)[None], full_mask())
     placed_k = flatten_chunks(place_chunks(chunks.keys.to(device), chunks.starts, cfg.rope_theta,
                                            cfg.rope_scaling_factor))
     placed_v = flatten_chunks(chunks.values.to(device))
-    past = _cat_kv(prefix.kv, [(placed_k[layer], placed_v[layer]) for layer in range(cfg.num_layers)])
+    placed = [(placed_k[layer], placed_v[layer]) for layer in range(cfg.num_layers)]
+    past = _cat_kv(kept_prefix_kv(runner, prompt.prefix_ids), placed)
     valid = torch.cat((torch.ones(p, dtype=torch.bool), chunks.valid.flatten().cpu())).to(device)
     q_ids = list(prompt.query_ids) + list(extra_ids or [])
     nq = len(q_ids)
@@ -202,25 +213,118 @@ class StaticDecoder:
             anchors=self.ctx.anchors)
 
 
+BATCH_CONTEXT_ROUND = 256  # a batch's padded context length is rounded up to this (fewer captured shapes)
+MAX_BATCH_STEPS = 2  # batched step shapes (each with its buffers and graph) a runner keeps
+
+
+def batch_rows(n: int) -> int:
+    """Rows of the batched step serving `n` questions: the next power of two (one graph a size)."""
+    return 1 << (n - 1).bit_length()
+
+
+class _BatchedLayerCache:
+    """One layer of a batch's static contexts, attending by itself (an AttendingCache): keys and
+    values [N, Hkv, T + block, D], row i its question's context padded to T, then its active block,
+    which each forward writes in place (no concatenation per step)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, runner: Runner) -> None:
+        self.keys, self.values, self.runner = keys, values, runner
+        self.mask = full_mask(key_valid=valid)  # valid: [N, T + block] bool, shared by the layers
+
+    def attend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, scale: float) -> torch.Tensor:
+        block = k_new.shape[2]
+        self.keys[:, :, -block:] = k_new
+        self.values[:, :, -block:] = v_new
+        out, _ = self.runner.attention(q, self.keys, self.values, self.mask, scale, return_lse=False)
+        return out
+
+
+class _BatchedStep:
+    """The batched block forward at one shape (`rows` questions, contexts padded to `context_len`,
+    `block_length` slots each): fixed-address buffers and, on CUDA, one captured graph.
+
+    Each context is copied into a row once, when its question joins (or its context changes at a
+    block's end); a step then copies only the blocks' ids and positions. Rows without a question
+    see only their own block (their keys are masked out) and their logits are ignored.
+    """
+
+    def __init__(self, runner: Runner, rows: int, context_len: int, block_length: int, like: torch.Tensor) -> None:
+        cfg, device = runner.cfg, runner.device
+        self.runner, self.rows, self.context_len, self.block_length = runner, rows, context_len, block_length
+        shape = (rows, cfg.num_kv_heads, context_len + block_length, cfg.head_dim)
+        self.valid = torch.zeros(rows, context_len + block_length, dtype=torch.bool, device=device)
+        self.valid[:, context_len:] = True
+        self.layers = [_BatchedLayerCache(like.new_zeros(shape), like.new_zeros(shape), self.valid, runner)
+                       for _ in range(cfg.num_layers)]
+        self.ids = torch.full((rows, block_length), cfg.mask_token_id, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, block_length, dtype=torch.long, device=device)
+        # Block row j's logits predict block slot j (for a shifted model slot 0 takes the anchor).
+        self.logit_rows = (prediction_rows(torch.arange(1, block_length + 1), cfg.logits_shifted) - 1
+                           ).clamp_min(0).to(device)
+        self.members: list[FixedContext | None] = [None] * rows  # held: no new context can take their ids
+        self._call = GraphedCall(self._run, runner.uses_graphs, "batched decode step")
+
+    def _run(self) -> torch.Tensor:
+        return self.runner.forward(self.ids, self.positions, full_mask(), past=self.layers,
+                                   logits_rows=self.logit_rows, return_kv=False).logits  # [rows, block, V]
+
+    def release(self) -> None:
+        """Forgets the members (their contexts' memory is the questions'; the buffers stay)."""
+        self.members = [None] * self.rows
+
+    def place(self, contexts: list[FixedContext]) -> list[int]:
+        """The row of each context: a context already in a row keeps it; rows of contexts no longer
+        asked for are freed; a new one is copied into a free row."""
+        for row, member in enumerate(self.members):
+            if member is not None and not any(member is c for c in contexts):
+                self.members[row] = None
+                self.valid[row, :self.context_len] = False
+        rows = []
+        for ctx in contexts:
+            row = next((i for i, m in enumerate(self.members) if m is ctx), None)
+            if row is None:
+                row = self.members.index(None)
+                self._fill(row, ctx)
+            rows.append(row)
+        return rows
+
+    def _fill(self, row: int, ctx: FixedContext) -> None:
+        n = ctx.key_valid.shape[1]
+        for cache, (keys, values) in zip(self.layers, ctx.kv, strict=True):
+            cache.keys[row, :, :n] = keys[0]
+            cache.values[row, :, :n] = values[0]
+        self.valid[row, :n] = ctx.key_valid[0]
+        self.valid[row, n:self.context_len] = False
+        self.members[row] = ctx
+
+    def __call__(self, rows: list[int], ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, block, V] with `ids` and `positions` ([n, block]) in `rows`; the tensor is
+        overwritten by the next call (read what is needed first)."""
+        index = torch.tensor(rows, device=self.ids.device)
+        self.ids.index_copy_(0, index, ids)
+        self.positions.index_copy_(0, index, positions)
+        return self._call()
+
+
 class StaticBatch:
     """Several questions' StaticDecoders stepped as one batched forward.
 
-    Each row attends to its own context (prefix, placed chunks, question, finished blocks),
-    padded with masked-out keys to the longest ([N, Hkv, T_max, D] per layer), and to its own
-    active block; positions are each row's own, so padding changes no rotation. The stacked
-    contexts are kept while the batch's members and their contexts stay the same (a context
-    changes only when a block finishes), so a step copies nothing but its block's ids.
+    Each row attends to its own context (prefix, placed chunks, question, finished blocks), padded
+    with masked-out keys to the batch's length, and to its own active block; positions are each
+    row's own, so padding changes no rotation. The forward runs over fixed buffers (`_BatchedStep`,
+    kept by the runner per batch size and block length, a captured CUDA graph on CUDA), into which
+    a question's context is copied once when it joins.
     """
 
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
-        self._members: tuple[FixedContext, ...] = ()  # held, so that no new context can take their ids
-        self._past: list[LayerKV] = []
-        self._valid: torch.Tensor | None = None  # [N, T_max + block] bool: each row's keys, then its block
+        self._step: _BatchedStep | None = None
 
     def clear(self) -> None:
-        """Drops the stacked contexts (the batch's questions are done)."""
-        self._members, self._past, self._valid = (), [], None
+        """Lets go of the questions' contexts (the batch is empty for now)."""
+        if self._step is not None:
+            self._step.release()
+            self._step = None
 
     @staticmethod
     def accepts(decoder: object) -> bool:
@@ -228,27 +332,18 @@ class StaticBatch:
         (a joint context brings that step's logits with it)."""
         return isinstance(decoder, StaticDecoder) and decoder._pending_first is None
 
-    def _stack(self, decoders: list[StaticDecoder]) -> None:
-        members = tuple(d.ctx for d in decoders)
-        if len(members) == len(self._members) and all(a is b for a, b in zip(members, self._members, strict=True)):
-            return
-        self.clear()  # a failure below leaves no half-built batch behind under the old members
-        lengths = [d.ctx.key_valid.shape[1] for d in decoders]
-        t_max = max(lengths)
-        self._past = []
-        for layer in range(self.runner.cfg.num_layers):
-            k0 = decoders[0].ctx.kv[layer][0]
-            keys = k0.new_zeros((len(decoders), k0.shape[1], t_max, k0.shape[3]))
-            values = torch.zeros_like(keys)
-            for i, d in enumerate(decoders):
-                keys[i, :, :lengths[i]] = d.ctx.kv[layer][0][0]
-                values[i, :, :lengths[i]] = d.ctx.kv[layer][1][0]
-            self._past.append((keys, values))
-        self._valid = torch.zeros(len(decoders), t_max + decoders[0].block_length, dtype=torch.bool, device=k0.device)
-        self._valid[:, t_max:] = True
-        for i, d in enumerate(decoders):
-            self._valid[i, :lengths[i]] = d.ctx.key_valid[0]
-        self._members = members
+    def _step_for(self, decoders: list[StaticDecoder]) -> _BatchedStep:
+        rows, block = batch_rows(len(decoders)), decoders[0].block_length
+        need = max(d.ctx.key_valid.shape[1] for d in decoders)
+        length = -(-need // BATCH_CONTEXT_ROUND) * BATCH_CONTEXT_ROUND
+        like = decoders[0].ctx.kv[0][0]
+        step = self.runner.kept("batched static step", (rows, block), MAX_BATCH_STEPS,
+                                lambda: _BatchedStep(self.runner, rows, length, block, like),
+                                fits=lambda s: s.context_len >= need and s.layers[0].keys.dtype == like.dtype)
+        if step is not self._step:
+            self.clear()
+            self._step = step
+        return step
 
     @torch.inference_mode()
     def slot_logits(self, requests: list) -> list[torch.Tensor]:
@@ -258,22 +353,21 @@ class StaticBatch:
         block_length = decoders[0].block_length
         if any(d.block_length != block_length for d in decoders):
             raise ValueError("a batch steps one block length")
-        self._stack(decoders)
-        device, shifted = self.runner.device, self.runner.cfg.logits_shifted
-        steps = torch.arange(block_length, device=device)
+        step = self._step_for(decoders)
+        try:
+            rows = step.place([d.ctx for d in decoders])
+        except BaseException:
+            self.clear()  # a half-copied row must not pass for its context
+            raise
         ids = torch.stack([r.answer[r.block * block_length:(r.block + 1) * block_length] for r in requests])
-        positions = torch.stack([d.ctx.answer_start + r.block * block_length + steps
-                                 for r, d in zip(requests, decoders, strict=True)])  # [N, block]
-        # The rows predicting each request's slots (as block_logits picks them), padded to the
-        # most slots with repeats of the last: [N, R].
-        rows = [(prediction_rows(r.slots - r.block * block_length + 1, shifted) - 1).clamp_min(0) for r in requests]
-        width = max(len(x) for x in rows)
-        padded = torch.stack([torch.cat((x, x[-1:].expand(width - len(x)))) for x in rows])
-        out = self.runner.forward(ids, positions, full_mask(key_valid=self._valid), past=self._past,
-                                  logits_rows=padded, return_kv=False)
-        logits = []
-        for i, (r, d) in enumerate(zip(requests, decoders, strict=True)):
+        starts = torch.tensor([d.ctx.answer_start + r.block * block_length for r, d in zip(requests, decoders,
+                                                                                          strict=True)])
+        positions = (starts[:, None] + torch.arange(block_length)).to(self.runner.device)  # [N, block]
+        logits = step(rows, ids, positions)
+        shifted = self.runner.cfg.logits_shifted
+        out = []
+        for r, d, row in zip(requests, decoders, rows, strict=True):
             d.forward_passes += 1
-            logits.append(slot_logits_from_rows(out.logits[i, :len(rows[i])], r.slots - r.block * block_length,
-                                                d.ctx.anchor_logits, shifted))
-        return logits
+            local = r.slots - r.block * block_length
+            out.append(slot_logits_from_rows(logits[row, local], local, d.ctx.anchor_logits, shifted))
+        return out

@@ -1,13 +1,16 @@
 """Continuous batching of questions: one thread steps every active question's answer at once.
 
-A question is submitted with its documents' KV and runs in two parts on the scheduler's thread:
-its preparation (draft, chunk scoring, selection, the context its answer is decoded over), then
-its decode steps. At each step the scheduler takes one LogitsRequest from every question being
-decoded, answers the StaticDecoders' together in one batched forward (`StaticBatch`: each row
-over its own chunks and answer) and any other decoder alone, and hands each question its
-DecodeStep. A question joins between steps, once prepared, and leaves when its answer is settled,
-so short answers never wait for long ones. Greedy answers are the same tokens as the question
-alone gives (tests/test_scheduler.py), up to the floating-point order of a batched matmul.
+A question is submitted with its documents' KV and runs on the scheduler's thread in three parts:
+its draft, run in one batched pass with the other questions taken off the queue at the same time
+(`engine.method.answer.draft_answers`); its preparation (chunk scoring, selection, the context
+its answer is decoded over), one newcomer between two steps of the questions already decoding;
+then its decode steps. At each step the scheduler takes one LogitsRequest from every question
+being decoded, answers the StaticDecoders' together in one batched forward (`StaticBatch`: each
+row over its own chunks and answer; a captured CUDA graph per batch size) and any other decoder
+alone, and hands each question its DecodeStep. A question joins between steps, once prepared,
+and leaves when its answer is settled, so short answers never wait for long ones. Greedy answers
+are the same tokens as the question alone gives (tests/test_scheduler.py), up to the
+floating-point order of a batched matmul.
 
 The paged GPU layout shares one set of buffers (`engine.decode.paged`), so at most one question
 at a time decodes paged; the others admitted meanwhile take the contiguous layout and batch.
@@ -23,6 +26,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,7 +36,16 @@ import torch
 from engine.decode.loop import DecodeStep, LogitsRequest, decode_blocks
 from engine.decode.paged import PagedStaticDecoder, release_pages
 from engine.decode.static import StaticBatch
-from engine.method.answer import AnswerParams, AnswerResult, PreparedAnswer, prepare_answer, uses_paged_layout
+from engine.method.answer import (
+    AnswerParams,
+    AnswerResult,
+    DraftedQuestion,
+    PreparedAnswer,
+    draft_answers,
+    prepare_answer,
+    question_prompt,
+    uses_paged_layout,
+)
 from engine.method.kv_cache import DocumentKV
 from engine.runner import Runner
 
@@ -154,7 +167,8 @@ class AnswerScheduler:
         self.turns = FairTurns()
         self.batch_sizes: collections.Counter[int] = collections.Counter()  # forwards run at each row count
         self._waiting: collections.deque[_Submitted] = collections.deque()
-        self._admitting: list[_Submitted] = []  # taken off the queue, being prepared
+        # Taken off the queue and drafted, waiting for their scoring and context (one a step).
+        self._admitting: list[tuple[_Submitted, DraftedQuestion]] = []
         self._pending = 0  # submitted and not yet prepared: those in `_waiting` and those being admitted
         self._active: list[_Active] = []
         self._batches: dict[int, StaticBatch] = {}  # by block length
@@ -212,14 +226,15 @@ class AnswerScheduler:
             stopped = SchedulerStopped(f"the question scheduler stopped on an error ({exc})")
             with self._wake:
                 self._closed = True
-            for submitted in [a.submitted for a in self._active] + list(self._waiting) + self._admitting:
+            admitting = [submitted for submitted, _ in self._admitting]
+            for submitted in [a.submitted for a in self._active] + list(self._waiting) + admitting:
                 submitted.handle._events.put(stopped)
             raise
 
     def _serve(self) -> None:
         while True:
             with self._wake:
-                while not self._closed and not self._waiting and not self._active:
+                while not self._closed and not self._waiting and not self._active and not self._admitting:
                     self._wake.wait()
                 if self._closed:
                     break
@@ -227,23 +242,50 @@ class AnswerScheduler:
                     self._waiting.remove(submitted)  # its asker left while it waited: it never runs
                     self._pending -= 1
                     submitted.handle._events.put(_DONE)
-                # With questions decoding, one is admitted between two of their steps, so that a
-                # burst of arrivals does not stall them for every newcomer's preparation.
-                room = self.max_batch - len(self._active)
-                if self._active:
-                    room = min(room, 1)
-                admit = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
-            self._admitting = admit
-            for submitted in admit:
-                self._prepare(submitted)
-            self._admitting = []
+                room = self.max_batch - len(self._active) - len(self._admitting)
+                newcomers = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+            if newcomers:
+                self._draft(newcomers)
+            # One newcomer is prepared between two steps of the questions decoding, so that a burst
+            # of arrivals does not stall them for every newcomer's scoring.
+            if self._admitting:
+                self._prepare(*self._admitting.pop(0))
             if self._active:
                 with self.turns.turn():
                     self._step()
         for active in list(self._active):
             self._end(active, SchedulerStopped("the server is stopping"))
-        for submitted in self._waiting:
+        for submitted in list(self._waiting) + [s for s, _ in self._admitting]:
             submitted.handle._events.put(SchedulerStopped("the server is stopping"))
+
+    def _draft(self, newcomers: list[_Submitted]) -> None:
+        """The newcomers' prompts, and their drafts in one batched pass; each joins `_admitting`
+        (a question whose prompt fails, e.g. an empty one, ends there with its error)."""
+        prompts = []
+        for submitted in newcomers:
+            try:
+                self._check(submitted)
+                prompts.append((submitted, question_prompt(self.runner, self.tokenizer, submitted.question,
+                                                           submitted.params)))
+            except BaseException as exc:  # noqa: BLE001 - the question's error goes to its asker
+                self._fail(submitted, exc)
+                with self._wake:
+                    self._pending -= 1
+        if not prompts:
+            return
+        try:
+            with self.turns.turn():
+                start = time.perf_counter()
+                drafts = draft_answers(self.runner, [p for _, p in prompts], [s.params for s, _ in prompts])
+                seconds = time.perf_counter() - start
+        except BaseException as exc:  # noqa: BLE001 - a failed pass fails the questions it drafted
+            for submitted, _ in prompts:
+                self._fail(submitted, exc)
+            with self._wake:
+                self._pending -= len(prompts)
+            return
+        self._admitting += [(submitted, DraftedQuestion(prompt, draft, seconds))
+                            for (submitted, prompt), draft in zip(prompts, drafts, strict=True)]
 
     def _check(self, submitted: _Submitted) -> None:
         if submitted.handle._cancelled.is_set():
@@ -251,27 +293,28 @@ class AnswerScheduler:
         if submitted.interrupt_check is not None:
             submitted.interrupt_check()
 
-    def _prepare(self, submitted: _Submitted) -> None:
+    def _prepare(self, submitted: _Submitted, question: DraftedQuestion) -> None:
         params = submitted.params
         try:
             self._check(submitted)
             # Outside a turn: a loader that has to prefill takes turns of its own.
             documents = submitted.documents() if callable(submitted.documents) else submitted.documents
             with self.turns.turn():
-                self._prepare_answer(submitted, documents, params)
+                self._prepare_answer(submitted, documents, question, params)
         except BaseException as exc:  # noqa: BLE001 - the question's error goes to its asker
             self._fail(submitted, exc)
         finally:
             with self._wake:
                 self._pending -= 1
 
-    def _prepare_answer(self, submitted: _Submitted, documents: Sequence[DocumentKV], params: AnswerParams) -> None:
+    def _prepare_answer(self, submitted: _Submitted, documents: Sequence[DocumentKV], question: DraftedQuestion,
+                        params: AnswerParams) -> None:
         self._check(submitted)
         paged_busy = any(isinstance(a.prepared.decoder, PagedStaticDecoder) for a in self._active)
         if paged_busy and params.static_layout != "contiguous" and params.kv_mode == "static" \
                 and uses_paged_layout(self.runner, documents, params):
             params = dataclasses.replace(params, static_layout="contiguous")
-        prepared = prepare_answer(self.runner, self.tokenizer, documents, submitted.question, params,
+        prepared = prepare_answer(self.runner, self.tokenizer, documents, question, params,
                                   lambda: self._check(submitted), submitted.chunk_priors)
         loop = decode_blocks(prepared.decoder, self.runner.cfg, prepared.sampling, prepared.generator,
                              self.runner.device)

@@ -220,7 +220,7 @@ def _profile_scoring(runner: Runner, eager: Runner, doc, rows, scoring, prompt_i
     draft_pass = kept_draft_pass(runner, len(prompt_ids), scoring.draft_slots, scoring.draft_rounds)
     kept = partial(score_document, runner, doc, rows, scoring)
     t = time.perf_counter()
-    draft_pass(prompt_ids)
+    draft_pass([prompt_ids])
     kept()
     sync()
     out["kept_passes"] = {"first_draft_and_scoring_s": time.perf_counter() - t,

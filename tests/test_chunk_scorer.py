@@ -238,3 +238,18 @@ def test_kept_scoring_passes_follow_the_document_kv(engines):
     too_many = [(i % 5, i % 5 + 1) for i in range(MAX_SCORING_PASSES + 1)]
     fresh = kept_scoring_passes(runner, other, too_many, shape)
     assert len(fresh) == len(too_many) and len(kept) == 1  # not kept: they would evict each other
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
+def test_drafts_in_one_batched_pass_equal_each_alone(engines, family):
+    """Prompts of three lengths in one four-row pass (a spare row): each gets the draft it gets alone."""
+    runner = Runner(engines[family].model, ATTN)
+    gen = torch.Generator().manual_seed(3)
+    vocab = runner.cfg.vocab_size
+    prompts = [torch.randint(8, vocab - 8, (n,), generator=gen).tolist() for n in (5, 17, 9)]
+    alone = [draft_pseudo_labels(runner, p, 4, 2) for p in prompts]
+    batched = kept_draft_pass(runner, 17, 4, 2, batch=4)(prompts)
+    assert len(batched) == 3
+    for a, b in zip(alone, batched, strict=True):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.committed, b.committed)
+        assert int(b.committed.sum()) == 3

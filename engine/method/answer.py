@@ -23,6 +23,7 @@ from engine.decode.static import (
     FixedContext,
     SelectedChunks,
     StaticDecoder,
+    batch_rows,
     build_joint_context,
     build_static_context,
 )
@@ -179,14 +180,50 @@ def _ordinals(documents: Sequence[DocumentKV], refs: Sequence[ChunkRef]) -> list
     return [offsets[r.document] + r.chunk for r in refs]
 
 
+MAX_DRAFT_BATCH = 16  # questions drafted in one batched pass at most
+
+
+@dataclass(frozen=True)
+class DraftedQuestion:
+    """A question's prompt and its draft (None when its scorer reads none), drafted beforehand:
+    the scheduler drafts the questions it admits together (`draft_answers`)."""
+
+    prompt: QuestionPrompt
+    draft: Draft | None
+    seconds: float = 0.0  # the batched draft pass's time (the trace reports it as the question's draft)
+
+
+def question_prompt(runner: Runner, tokenizer, question: str | QuestionPrompt, params: AnswerParams) -> QuestionPrompt:
+    """The question's token layout (a QuestionPrompt is taken as it is)."""
+    if isinstance(question, QuestionPrompt):
+        return question
+    return build_question_prompt(tokenizer, question, runner.cfg.bos_token_id, params.instruction,
+                                 params.use_chat_template)
+
+
 def draft_answer(runner: Runner, prompt: QuestionPrompt, params: AnswerParams) -> Draft | None:
     """The draft's pseudo-labels when the scorer reads them, else None (one kept pass per padded
     prompt length: a captured graph on CUDA)."""
-    sp = params.scoring
-    if sp.scorer != "draft_self_information" or params.kv_mode in BASELINE_KV_MODES:
-        return None
-    prompt_ids = prompt.prefix_ids + prompt.query_ids
-    return kept_draft_pass(runner, len(prompt_ids), sp.draft_slots, sp.draft_rounds)(prompt_ids)
+    return draft_answers(runner, [prompt], [params])[0]
+
+
+def draft_answers(runner: Runner, prompts: Sequence[QuestionPrompt], params: Sequence[AnswerParams]
+                  ) -> list[Draft | None]:
+    """`draft_answer` of several questions: those of one draft shape in one batched pass (up to
+    MAX_DRAFT_BATCH a pass; rows padded to a power of two, so few batch sizes are captured)."""
+    drafts: list[Draft | None] = [None] * len(prompts)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, p in enumerate(params):
+        if p.scoring.scorer == "draft_self_information" and p.kv_mode not in BASELINE_KV_MODES:
+            groups.setdefault((p.scoring.draft_slots, p.scoring.draft_rounds), []).append(i)
+    for (slots, rounds), members in groups.items():
+        for lo in range(0, len(members), MAX_DRAFT_BATCH):
+            part = members[lo:lo + MAX_DRAFT_BATCH]
+            ids = [prompts[i].prefix_ids + prompts[i].query_ids for i in part]
+            drafted = kept_draft_pass(runner, max(map(len, ids)), slots, rounds, batch_rows(len(part)))(ids)
+            for i, draft in zip(part, drafted, strict=True):
+                drafts[i] = draft
+    return drafts
 
 
 def score_chunks(runner: Runner, documents: Sequence[DocumentKV], rows: ScoringRows, params: ScoringParams,
@@ -282,7 +319,8 @@ class PreparedAnswer:
 
 
 @torch.inference_mode()
-def prepare_answer(runner: Runner, tokenizer, documents: Sequence[DocumentKV], question: str | QuestionPrompt,
+def prepare_answer(runner: Runner, tokenizer, documents: Sequence[DocumentKV],
+                   question: str | QuestionPrompt | DraftedQuestion,
                    params: AnswerParams = AnswerParams(), interrupt_check: Callable[[], None] | None = None,
                    chunk_priors: Sequence[Sequence[float]] | None = None) -> PreparedAnswer:
     """Everything before the decode steps: the draft, the chunk scores, the selection and the
@@ -290,14 +328,15 @@ def prepare_answer(runner: Runner, tokenizer, documents: Sequence[DocumentKV], q
     cfg = runner.cfg
     clock = _Clock(runner.device)
     t = time.perf_counter()
-    if isinstance(question, QuestionPrompt):
-        prompt = question
+    if isinstance(question, DraftedQuestion):
+        prompt, draft = question.prompt, question.draft
     else:
-        prompt = build_question_prompt(tokenizer, question, cfg.bos_token_id, params.instruction,
-                                       params.use_chat_template)
+        prompt = question_prompt(runner, tokenizer, question, params)
+        draft = draft_answer(runner, prompt, params)
     baseline = params.kv_mode in BASELINE_KV_MODES  # no chunking, nothing to score
-    draft = draft_answer(runner, prompt, params)
     t = clock.lap("draft", t)
+    if isinstance(question, DraftedQuestion):
+        clock.timings["draft"] += question.seconds
     if interrupt_check is not None:
         interrupt_check()
     rows = scoring_rows(prompt.query_ids, prompt.question_span, draft, params.scoring.window, cfg.logits_shifted)

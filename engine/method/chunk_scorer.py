@@ -23,7 +23,6 @@ import torch
 
 from engine.attention import dense_mask, full_mask
 from engine.cuda_graphs import GraphedCall
-from engine.decode.loop import slot_logits_from_rows
 from engine.decode.sampling import propose
 from engine.method.kv_cache import DocumentKV
 from engine.method.scoring import (
@@ -98,24 +97,25 @@ def draft_rows(prompt_len: int) -> int:
 
 
 class DraftPass:
-    """The draft as fixed-shape device work, for prompts of up to `rows` tokens.
+    """The draft as fixed-shape device work, for `batch` prompts of up to `rows` tokens each.
 
-    The prompt is padded to `rows` (padding is masked out as keys, so no real row sees it); every
-    round proposes all D slots and picks the most confident uncommitted one on the device, so
-    nothing reads back to the host until the end: on CUDA the whole draft is one captured graph.
-    A shifted-logit model (Dream) commits slot 0 first, from the prompt's last row, which needs no
-    block forward: D=4, R=1 costs 2 forwards for Dream and 3 for LLaDA.
+    Each prompt is padded to `rows` (padding is masked out as keys, so no real row sees it); every
+    round proposes all D slots of every prompt and picks each prompt's most confident uncommitted
+    one on the device, so nothing reads back to the host until the end: on CUDA the whole draft is
+    one captured graph. A shifted-logit model (Dream) commits slot 0 first, from the prompt's last
+    row, which needs no block forward: D=4, R=1 costs 2 forwards for Dream and 3 for LLaDA, for
+    all the prompts of a batch together (the scheduler drafts the questions it admits at once).
     """
 
-    def __init__(self, runner: Runner, rows: int, slots: int, rounds: int, use_graph: bool) -> None:
+    def __init__(self, runner: Runner, rows: int, slots: int, rounds: int, use_graph: bool, batch: int = 1) -> None:
         cfg, device = runner.cfg, runner.device
-        self.runner, self.rows, self.slots, self.rounds = runner, rows, slots, rounds
-        self.ids = torch.zeros(1, rows, dtype=torch.long, device=device)
-        self.positions = torch.arange(rows, device=device)[None]
-        self.key_valid = torch.zeros(1, rows + slots, dtype=torch.bool, device=device)  # prompt rows, then slots
-        self.key_valid[0, rows:] = True
-        self.last_row = torch.zeros(1, dtype=torch.long, device=device)
-        self.block_positions = torch.zeros(1, slots, dtype=torch.long, device=device)
+        self.runner, self.rows, self.slots, self.rounds, self.batch = runner, rows, slots, rounds, batch
+        self.ids = torch.zeros(batch, rows, dtype=torch.long, device=device)
+        self.positions = torch.arange(rows, device=device)[None].expand(batch, rows).contiguous()
+        self.key_valid = torch.zeros(batch, rows + slots, dtype=torch.bool, device=device)  # prompt rows, then slots
+        self.key_valid[:, rows:] = True
+        self.last_row = torch.zeros(batch, 1, dtype=torch.long, device=device)  # [B, 1]: each prompt's last row
+        self.block_positions = torch.zeros(batch, slots, dtype=torch.long, device=device)
         # Block row r predicts slot r + 1 for a shifted model (slot 0 comes from the prompt's last row).
         slot_ids = torch.arange(slots, device=device)
         self.slot_ids = slot_ids
@@ -123,39 +123,48 @@ class DraftPass:
         self._call = GraphedCall(self._run, use_graph, "draft")
 
     def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg, runner = self.runner.cfg, self.runner
+        cfg, runner, device = self.runner.cfg, self.runner, self.ids.device
+        b, d = self.batch, self.slots
         ctx = runner.forward(self.ids, self.positions, full_mask(self.key_valid[:, :self.rows]),
                              logits_rows=self.last_row)
-        anchor = ctx.logits[0, 0]  # [V]: predicts slot 0 for a shifted-logit model
-        block = torch.full((1, self.slots), cfg.mask_token_id, dtype=torch.long, device=self.ids.device)
-        committed = torch.zeros(self.slots, dtype=torch.bool, device=self.ids.device)
+        anchor = ctx.logits[:, 0]  # [B, V]: predicts slot 0 for a shifted-logit model
+        block = torch.full((b, d), cfg.mask_token_id, dtype=torch.long, device=device)
+        committed = torch.zeros(b, d, dtype=torch.bool, device=device)
         for round_ in range(self.rounds + 1):
             if cfg.logits_shifted and round_ == 0:
                 # Slot 0 follows the prompt: commit it first, from the anchor alone.
-                block[0, :1] = propose(anchor[None], 0.0, None, None, None).tokens
-                committed[:1].fill_(True)  # not `committed[0] = True`: that copies from the host
+                block[:, :1] = propose(anchor, 0.0, None, None, None).tokens[:, None]
+                committed[:, :1] = True  # a slice fill: `committed[:, 0] = True` would copy from the host
                 continue
             out = runner.forward(block, self.block_positions, full_mask(self.key_valid), past=ctx.kv,
                                  logits_rows=self.block_rows, return_kv=False)
-            logits = slot_logits_from_rows(out.logits[0], self.slot_ids, anchor, cfg.logits_shifted)  # [D, V]
-            proposal = propose(logits, 0.0, None, None, None)
-            # Index with tensors only: tokens[pick] with a 0-d tensor would read it back to the host.
-            pick = torch.argmax(proposal.confidence.masked_fill(committed, float("-inf")))[None]  # [1]
-            block[0].index_copy_(0, pick, proposal.tokens.index_select(0, pick))
-            committed.index_fill_(0, pick, True)
-        return block[0], committed
+            logits = out.logits  # [B, D, V]
+            if cfg.logits_shifted:
+                logits = torch.where((self.slot_ids == 0)[None, :, None], anchor[:, None], logits)
+            proposal = propose(logits.flatten(0, 1), 0.0, None, None, None)
+            confidence = proposal.confidence.view(b, d).masked_fill(committed, float("-inf"))
+            # Tensors only: indexing with a 0-d tensor would read it back to the host.
+            pick = torch.argmax(confidence, dim=1, keepdim=True)  # [B, 1]
+            block.scatter_(1, pick, proposal.tokens.view(b, d).gather(1, pick))
+            committed.scatter_(1, pick, True)
+        return block, committed
 
-    def __call__(self, prompt_ids: list[int]) -> Draft:
-        n = len(prompt_ids)
-        assert 0 < n <= self.rows, f"prompt of {n} tokens, pass of {self.rows} rows"
-        ids = torch.full((1, self.rows), self.runner.cfg.mask_token_id, dtype=torch.long)
-        ids[0, :n] = torch.tensor(prompt_ids)
+    def __call__(self, prompts: list[list[int]]) -> list[Draft]:
+        """One Draft per prompt (at most `batch` prompts, each of at most `rows` tokens)."""
+        assert 0 < len(prompts) <= self.batch, f"{len(prompts)} prompts, a pass of {self.batch}"
+        padded = prompts + [prompts[0]] * (self.batch - len(prompts))  # spare rows: a copy, ignored
+        ids = torch.full((self.batch, self.rows), self.runner.cfg.mask_token_id, dtype=torch.long)
+        lengths = torch.tensor([len(ids_) for ids_ in padded])
+        assert int(lengths.min()) > 0 and int(lengths.max()) <= self.rows, f"prompts of {lengths.tolist()} tokens"
+        for i, prompt in enumerate(padded):
+            ids[i, :len(prompt)] = torch.tensor(prompt)
+        lengths = lengths.to(self.ids.device)
         self.ids.copy_(ids)
-        self.key_valid[0, :self.rows] = self.positions[0] < n
-        self.last_row.fill_(n - 1)
-        self.block_positions.copy_(n + self.slot_ids[None])
-        tokens, committed = self._call()
-        return Draft(tokens=tokens.cpu(), committed=committed.cpu())
+        self.key_valid[:, :self.rows] = self.positions < lengths[:, None]
+        self.last_row.copy_(lengths[:, None] - 1)
+        self.block_positions.copy_(lengths[:, None] + self.slot_ids[None])
+        tokens, committed = (t.cpu() for t in self._call())
+        return [Draft(tokens=tokens[i], committed=committed[i]) for i in range(len(prompts))]
 
 
 @torch.inference_mode()
@@ -164,15 +173,15 @@ def draft_pseudo_labels(runner: Runner, prompt_ids: list[int], slots: int, round
     """Context-free guess of the answer's first tokens: [prefix, query] + D mask slots, the R + 1
     most confident committed, by a pass made for this call, run eagerly (`rows`: pad the prompt to
     this many rows, default its length): the reference for `kept_draft_pass`."""
-    return DraftPass(runner, rows or len(prompt_ids), slots, rounds, False)(prompt_ids)
+    return DraftPass(runner, rows or len(prompt_ids), slots, rounds, False)([prompt_ids])[0]
 
 
-def kept_draft_pass(runner: Runner, prompt_len: int, slots: int, rounds: int) -> DraftPass:
-    """The runner's draft pass for prompts of `prompt_len` tokens (padded, see DraftPass), kept
-    across questions and documents (it reads no document); a captured graph on CUDA."""
+def kept_draft_pass(runner: Runner, prompt_len: int, slots: int, rounds: int, batch: int = 1) -> DraftPass:
+    """The runner's draft pass for `batch` prompts of up to `prompt_len` tokens (padded, see
+    DraftPass), kept across questions and documents (it reads no document); a captured graph on CUDA."""
     rows = draft_rows(prompt_len)
-    return runner.kept("draft", (rows, slots, rounds), MAX_DRAFT_PASSES,
-                       lambda: DraftPass(runner, rows, slots, rounds, runner.uses_graphs))
+    return runner.kept("draft", (rows, slots, rounds, batch), MAX_DRAFT_PASSES,
+                       lambda: DraftPass(runner, rows, slots, rounds, runner.uses_graphs, batch))
 
 
 def scoring_rows(query_ids: list[int], question_span: tuple[int, int], draft: Draft | None,

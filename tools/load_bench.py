@@ -47,6 +47,7 @@ class LoadPhase:
     p50_s: float
     p95_s: float
     batch_sizes: dict[int, int]  # steps run at each batch size
+    peak_gib: float | None = None  # peak GPU memory allocated during the phase (the documents' KV included)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -62,6 +63,9 @@ class _Phase:
         self.latencies: list[float] = []
         self._lock = threading.Lock()
         scheduler.batch_sizes.clear()
+        self.cuda = scheduler.runner.device.type == "cuda"
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(scheduler.runner.device)
         self.start = time.perf_counter()
 
     def ask(self, doc, prompt, params: AnswerParams) -> None:
@@ -75,8 +79,9 @@ class _Phase:
     def result(self) -> LoadPhase:
         wall = time.perf_counter() - self.start
         n = len(self.latencies)
+        peak = torch.cuda.max_memory_allocated(self.scheduler.runner.device) / 2**30 if self.cuda else None
         return LoadPhase(self.name, n, wall, n / wall, statistics.median(self.latencies),
-                         _percentile(self.latencies, 0.95), dict(sorted(self.scheduler.batch_sizes.items())))
+                         _percentile(self.latencies, 0.95), dict(sorted(self.scheduler.batch_sizes.items())), peak)
 
 
 def _threads(targets) -> None:
@@ -98,6 +103,7 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
     docs = [prefill_document(runner, torch.randint(8, cfg.vocab_size, (context,), generator=gen), chunk_size)
             for _ in range(concurrency)]
     prompts = [random_question(cfg, gen) for _ in range(concurrency)]
+    documents_gib = sum(d.keys.nbytes + d.values.nbytes for d in docs) / 2**30
     sampling = SamplingParams(decoder="low_confidence", gen_length=answer, block_length=min(32, answer), steps=answer,
                               stop_at_eos=False)
     params = AnswerParams(top_k=top_k, kv_mode="static", scoring=BENCH_SCORING, sampling=sampling)
@@ -109,7 +115,8 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
         phases.append(phase)
         progress(f"{shape} {phase.name:>8} x{phase.questions:<4}: wall {phase.wall_s:7.3f} s, "
                  f"{phase.throughput_qps:6.2f} q/s, p50 {phase.p50_s:6.3f} s, p95 {phase.p95_s:6.3f} s, "
-                 f"batch sizes {phase.batch_sizes}")
+                 f"batch sizes {phase.batch_sizes}"
+                 + (f", peak {phase.peak_gib:.1f} GiB (documents {documents_gib:.1f})" if phase.peak_gib else ""))
 
     try:
         # Warm-up, untimed: compilation, CUDA graphs, the allocator's growth to a full batch.
@@ -155,12 +162,13 @@ def write(phases: list[LoadPhase], out_dir: Path, meta: dict) -> None:
 
 def table(phases: list[LoadPhase]) -> str:
     single = next((p.p50_s for p in phases if p.name == "single"), None)
-    lines = ["| phase | questions | wall s | q/s | p50 s | p95 s | p95 / single | batch sizes (steps) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| phase | questions | wall s | q/s | p50 s | p95 s | p95 / single | peak GiB | batch sizes (steps) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for p in phases:
         ratio = f"{p.p95_s / single:.2f}" if single else "-"
         sizes = ", ".join(f"{k}: {v}" for k, v in p.batch_sizes.items())
+        peak = f"{p.peak_gib:.1f}" if p.peak_gib is not None else "-"
         lines.append(f"| {p.name} | {p.questions} | {p.wall_s:.3f} | {p.throughput_qps:.2f} | {p.p50_s:.3f} | "
-                     f"{p.p95_s:.3f} | {ratio} | {sizes} |")
+                     f"{p.p95_s:.3f} | {ratio} | {peak} | {sizes} |")
     return "\n".join(lines)
 

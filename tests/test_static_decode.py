@@ -115,3 +115,35 @@ def test_joint_equals_dense_with_one_chunk_covering_the_context(engines, family)
     dense_ans = engine.answer(doc, question, AnswerParams(kv_mode="dense", sampling=sampling))
     assert joint.answer_ids == dense_ans.answer_ids
     assert joint.trace.steps == dense_ans.trace.steps == 1
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
+@pytest.mark.parametrize("token_budget,extra", [(0, None), (6, [5, 9, 13])])
+def test_the_kept_question_pass_equals_the_eager_one(engines, family, token_budget, extra):
+    """The static context from the runner's StaticQueryPass (fixed buffers, padded question rows)
+    is the eager pass's: the same KV, valid keys, anchor logits and BOS anchors."""
+    from engine.decode.static import build_static_context
+    from engine.method.answer import ChunkRef, gather_selected
+    from engine.method.chunk_scorer import scoring_rows
+
+    engine = engines[family]
+    runner = engine.runner
+    doc = engine.prefill(doc_ids(41, 300, seed=4), chunk_size=16)  # 3 chunks, the last one short
+    prompt = build_question_prompt(engine.tokenizer, "Where does the ferry from pier seven go?",
+                                   engine.config.bos_token_id)
+    rows = scoring_rows(prompt.query_ids, prompt.question_span, None, 4, runner.cfg.logits_shifted)
+    params = AnswerParams(top_k=2, token_budget=token_budget)
+    refs = [ChunkRef(0, 2), ChunkRef(0, 0)]
+    chunks, _, query_start = gather_selected(runner, [doc], refs, rows, params, len(prompt.prefix_ids))
+    eager = build_static_context(runner, prompt, chunks, query_start, extra, kept_pass=False)
+    for _ in range(2):  # the second call reuses the kept pass's buffers
+        kept = build_static_context(runner, prompt, chunks, query_start, extra)
+        assert kept.answer_start == eager.answer_start
+        assert torch.equal(kept.key_valid, eager.key_valid)
+        for (k1, v1), (k2, v2) in zip(kept.kv, eager.kv, strict=True):
+            torch.testing.assert_close(k1, k2, atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(v1, v2, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(kept.anchors, eager.anchors, atol=1e-5, rtol=1e-4)
+        if runner.cfg.logits_shifted:
+            torch.testing.assert_close(kept.anchor_logits, eager.anchor_logits, atol=2e-5, rtol=1e-4)
+    assert len(runner.kept_items("static question pass")) >= 1

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import full_mask
+from engine.attention import attention_probs, full_mask
 from engine.cuda_graphs import GraphedCall
 from engine.decode.loop import block_logits, slot_logits_from_rows
 from engine.decode.sampling import prediction_rows
@@ -80,20 +80,30 @@ def kept_prefix_kv(runner: Runner, prefix_ids: list[int]) -> list[LayerKV]:
 
 @torch.inference_mode()
 def build_static_context(runner: Runner, prompt: QuestionPrompt, chunks: SelectedChunks, query_start: int,
-                         extra_ids: list[int] | None = None) -> FixedContext:
+                         extra_ids: list[int] | None = None, kept_pass: bool = True) -> FixedContext:
     """Prefix KV (alone), the placed chunk KV (re-rotated, no re-encode), then the query's KV once.
 
     `extra_ids` are appended to the query (used when re-selecting with a partial answer).
+    `kept_pass`: the question's pass is the runner's `StaticQueryPass` of this shape (fixed
+    buffers, a captured graph on CUDA); False runs it eagerly with attention capture (the reference).
     """
     cfg, device = runner.cfg, runner.device
     p = len(prompt.prefix_ids)
     placed_k = flatten_chunks(place_chunks(chunks.keys.to(device), chunks.starts, cfg.rope_theta,
-                                           cfg.rope_scaling_factor))
+                                           cfg.rope_scaling_factor))  # [L, 1, Hkv, K*T, D]
     placed_v = flatten_chunks(chunks.values.to(device))
-    placed = [(placed_k[layer], placed_v[layer]) for layer in range(cfg.num_layers)]
-    past = _cat_kv(kept_prefix_kv(runner, prompt.prefix_ids), placed)
     valid = torch.cat((torch.ones(p, dtype=torch.bool), chunks.valid.flatten().cpu())).to(device)
     q_ids = list(prompt.query_ids) + list(extra_ids or [])
+    prefix_kv = kept_prefix_kv(runner, prompt.prefix_ids)
+    if kept_pass:
+        rows = -(-len(q_ids) // QUESTION_ROUND) * QUESTION_ROUND
+        shape = (p, chunks.num_chunks, chunks.keys.shape[3], rows)
+        query_pass = runner.kept("static question pass", shape, MAX_QUESTION_PASSES,
+                                 lambda: StaticQueryPass(runner, *shape, placed_k),
+                                 fits=lambda q: q.keys.dtype == placed_k.dtype)
+        return query_pass(prefix_kv, placed_k, placed_v, valid, q_ids, query_start)
+    placed = [(placed_k[layer], placed_v[layer]) for layer in range(cfg.num_layers)]
+    past = _cat_kv(prefix_kv, placed)
     nq = len(q_ids)
     key_valid = torch.cat((valid, torch.ones(nq, dtype=torch.bool, device=device)))[None]
     bos_keys = p + torch.arange(chunks.num_chunks, device=device) * chunks.keys.shape[3]
@@ -105,6 +115,88 @@ def build_static_context(runner: Runner, prompt: QuestionPrompt, chunks: Selecte
         kv=_cat_kv(past, query.kv), key_valid=key_valid, answer_start=query_start + nq,
         anchor_logits=query.logits[0, 0] if cfg.logits_shifted else None,
         anchors=_bos_anchor_mass(query.attention, bos_keys, cfg.num_layers), forward_passes=2)
+
+
+QUESTION_ROUND = 16  # the question's rows are padded to a multiple of this (one captured pass per size)
+MAX_QUESTION_PASSES = 4  # question passes (shapes) a runner keeps, least recently used dropped
+
+
+class _QuestionLayerCache:
+    """One layer of the question's pass over a static context: keys and values [1, Hkv, Tc + R, D]
+    ([prefix | placed chunks | the question's R padded rows]); the rows write their KV in place,
+    attend to the valid keys, and record the real rows' attention mass on each chunk's BOS."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, runner: Runner,
+                 bos_keys: torch.Tensor, row_weights: torch.Tensor, bos_mass: torch.Tensor) -> None:
+        self.keys, self.values, self.runner = keys, values, runner
+        self.mask = full_mask(key_valid=valid)  # valid: [1, Tc + R] bool, shared by the layers
+        self.bos_keys, self.row_weights, self.bos_mass = bos_keys, row_weights, bos_mass  # [K], [R], [K]
+
+    def attend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, scale: float) -> torch.Tensor:
+        rows = k_new.shape[2]
+        self.keys[:, :, -rows:] = k_new
+        self.values[:, :, -rows:] = v_new
+        out, _ = self.runner.attention(q, self.keys, self.values, self.mask, scale, return_lse=False)
+        bos = attention_probs(q, self.keys, self.mask, scale)[0][..., self.bos_keys]  # [Hq, R, K] fp32
+        # Mean over heads and real rows (padding rows weigh 0), as _bos_anchor_mass takes it.
+        self.bos_mass.copy_(torch.einsum("hrk,r->k", bos, self.row_weights) / bos.shape[0])
+        return out
+
+
+class StaticQueryPass:
+    """The question's pass over a static context of one shape (prefix of P tokens, K chunks of T
+    keys, R question rows): fixed buffers the context is copied into (one copy for all layers),
+    then one forward, a captured CUDA graph on CUDA. Returns the FixedContext (its own copy)."""
+
+    def __init__(self, runner: Runner, prefix_len: int, num_chunks: int, chunk_keys: int, rows: int,
+                 like: torch.Tensor) -> None:
+        cfg, device = runner.cfg, runner.device
+        self.runner, self.rows = runner, rows
+        self.context_len = prefix_len + num_chunks * chunk_keys
+        shape = (cfg.num_layers, 1, cfg.num_kv_heads, self.context_len + rows, cfg.head_dim)
+        self.keys, self.values = like.new_zeros(shape), like.new_zeros(shape)
+        self.valid = torch.zeros(1, self.context_len + rows, dtype=torch.bool, device=device)
+        self.ids = torch.zeros(1, rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(1, rows, dtype=torch.long, device=device)
+        self.row_weights = torch.zeros(rows, dtype=torch.float32, device=device)
+        self.bos_mass = torch.zeros(cfg.num_layers, num_chunks, dtype=torch.float32, device=device)
+        self.last_row = torch.zeros(1, dtype=torch.long, device=device)
+        bos_keys = prefix_len + torch.arange(num_chunks, device=device) * chunk_keys
+        self.layers = [_QuestionLayerCache(self.keys[layer], self.values[layer], self.valid, runner, bos_keys,
+                                           self.row_weights, self.bos_mass[layer]) for layer in range(cfg.num_layers)]
+        self._call = GraphedCall(self._run, runner.uses_graphs, "question pass")
+
+    def _run(self) -> torch.Tensor | None:
+        shifted = self.runner.cfg.logits_shifted
+        return self.runner.forward(self.ids, self.positions, full_mask(), past=self.layers,
+                                   logits_rows=self.last_row if shifted else None, return_kv=False).logits
+
+    def __call__(self, prefix_kv: list[LayerKV], placed_k: torch.Tensor, placed_v: torch.Tensor,
+                 valid: torch.Tensor, q_ids: list[int], query_start: int) -> FixedContext:
+        """prefix_kv per layer [1, Hkv, P, D]; placed_k/v [L, 1, Hkv, K*T, D]; valid [P + K*T] bool."""
+        cfg = self.runner.cfg
+        p, tc, n = prefix_kv[0][0].shape[2], self.context_len, len(q_ids)
+        assert 0 < n <= self.rows and valid.numel() == tc
+        self.keys[..., :p, :] = torch.stack([k for k, _ in prefix_kv])
+        self.values[..., :p, :] = torch.stack([v for _, v in prefix_kv])
+        self.keys[..., p:tc, :] = placed_k
+        self.values[..., p:tc, :] = placed_v
+        offsets = torch.arange(self.rows)
+        self.valid[0, :tc] = valid
+        self.valid[0, tc:] = offsets < n
+        ids = torch.full((1, self.rows), cfg.mask_token_id, dtype=torch.long)
+        ids[0, :n] = torch.tensor(q_ids)
+        self.ids.copy_(ids)
+        self.positions.copy_((query_start + offsets)[None])
+        self.row_weights.copy_((offsets < n).float() / n)
+        self.last_row.fill_(n - 1)
+        logits = self._call()
+        keys, values = self.keys[..., :tc + n, :].clone(), self.values[..., :tc + n, :].clone()
+        return FixedContext(
+            kv=[(keys[layer], values[layer]) for layer in range(cfg.num_layers)],
+            key_valid=self.valid[:, :tc + n].clone(), answer_start=query_start + n,
+            anchor_logits=logits[0, 0].clone() if cfg.logits_shifted else None,
+            anchors=self.bos_mass.T.cpu(), forward_passes=2)
 
 
 @torch.inference_mode()

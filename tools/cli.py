@@ -77,6 +77,12 @@ def _build_parser() -> argparse.ArgumentParser:
                                                             "fraction of the measured throughput")
     bn.add_argument("--out", type=Path, default=Path("bench-out"))
 
+    from tools.distributed_prefill import add_arguments
+
+    pd = sub.add_parser("prefill-distributed", help="add documents with their prefill split across the ranks of a "
+                                                    "torchrun launch (NCCL on GPUs, gloo on CPUs)")
+    add_arguments(pd)
+
     mk = sub.add_parser("make-random-model",
                         help="write a tiny random checkpoint (Dream or LLaDA format) for trying things")
     mk.add_argument("folder", type=Path)
@@ -189,8 +195,14 @@ def _cmd_make_random_model(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_prefill_distributed(args: argparse.Namespace) -> int:
+    from tools.distributed_prefill import prefill_distributed
+
+    return prefill_distributed(args)
+
+
 COMMANDS = {"eval": _cmd_eval, "eval-data": _cmd_eval_data, "bench": _cmd_bench,
-            "make-random-model": _cmd_make_random_model}
+            "make-random-model": _cmd_make_random_model, "prefill-distributed": _cmd_prefill_distributed}
 
 
 def main(argv: list[str] | None = None) -> int:

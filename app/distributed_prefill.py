@@ -77,6 +77,12 @@ def plan_shares(num_chunks: int, per_shard: int, per_batch: int, world_size: int
     return shares
 
 
+def share_chunks(chunks: ChunkedTokens, share: RankShare) -> ChunkedTokens:
+    """The chunks of a share, as a document of their own (its batches start at the share's start)."""
+    return ChunkedTokens(chunks.tokens[share.start:share.end], chunks.lengths[share.start:share.end],
+                         chunks.content_starts[share.start:share.end])
+
+
 @dataclass(frozen=True)
 class PrefillJob:
     """What rank 0 hands every rank for one document (None ends the ranks' loop)."""
@@ -207,17 +213,10 @@ class DistributedKVService(DocumentKVService):
             if self.key(key.document_id, key.chunk_size) != key:
                 raise StorageError("this rank runs another model, dtype or KV encoding than rank 0")
             layout = self.layout(key.document_id, key.chunk_size)
-            chunks = layout.chunks
-            budget = self.prefill_tokens
-            per_batch = chunks_per_batch(chunks.chunk_size,
-                                         budget if budget is not None else default_token_budget(self.engine.device))
-            per_shard = chunks_per_shard(self._chunk_bytes(chunks), self.store.max_shard_bytes)
-            share = plan_shares(chunks.num_chunks, per_shard, per_batch, self.group.world_size)[rank]
-            aligned = share.start % per_batch == 0
+            share, aligned = self.share_of(layout.chunks)
             if share.start == share.end:
                 return ShareReport(rank, aligned=aligned), layout
-            mine = ChunkedTokens(chunks.tokens[share.start:share.end], chunks.lengths[share.start:share.end],
-                                 chunks.content_starts[share.start:share.end])
+            mine = share_chunks(layout.chunks, share)
             with self.store.writing():
                 writer = self.store.staged_writer(staged, CHUNK_AXIS, share.first_shard, share.start)
                 try:
@@ -231,6 +230,16 @@ class DistributedKVService(DocumentKVService):
         except Exception as exc:  # noqa: BLE001 - reported to rank 0, which then commits nothing
             logger.warning("rank %d could not prefill its share of %s: %s", rank, key.document_id[:12], exc)
             return ShareReport(rank, error=str(exc) or type(exc).__name__), None
+
+    def share_of(self, chunks: ChunkedTokens) -> tuple[RankShare, bool]:
+        """This rank's share of a document's chunks, and whether it starts where a one-process
+        prefill starts a batch."""
+        budget = self.prefill_tokens
+        per_batch = chunks_per_batch(chunks.chunk_size,
+                                     budget if budget is not None else default_token_budget(self.engine.device))
+        per_shard = chunks_per_shard(self._chunk_bytes(chunks), self.store.max_shard_bytes)
+        share = plan_shares(chunks.num_chunks, per_shard, per_batch, self.group.world_size)[self.group.rank]
+        return share, share.start % per_batch == 0
 
     def _chunk_bytes(self, chunks: ChunkedTokens) -> int:
         """Bytes a chunk takes in the KV files (what decides the shards' size): one chunk of zeros

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.replicas import REPLICA_HEADER, haproxy_config, parse_workers
+from tools.replicas import POLICIES, REPLICA_HEADER, haproxy_config, parse_workers
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,8 +53,8 @@ def _wait_ready(url: str, procs: list[subprocess.Popen], timeout_s: float = 180.
 
 
 @pytest.fixture(scope="module")
-def replicas(tmp_path_factory):
-    """Two workers on one data folder and HAProxy in front; yields (balancer url, worker urls)."""
+def workers(tmp_path_factory):
+    """Two `docqa serve` workers on one data folder; yields their urls."""
     folder = tmp_path_factory.mktemp("replicas")
     data = folder / "data"
     ports = [_free_port(), _free_port()]
@@ -66,16 +66,10 @@ def replicas(tmp_path_factory):
             procs.append(subprocess.Popen([sys.executable, "-m", "ui.cli", "serve", "--data-dir", str(data), "--port",
                                            str(port), "--device", "cpu"], cwd=REPO, env=env, stdout=log,
                                           stderr=subprocess.STDOUT))
-        workers = [f"http://127.0.0.1:{p}" for p in ports]
-        for url in workers:
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        for url in urls:
             _wait_ready(f"{url}/v1/models", procs)
-        lb_port = _free_port()
-        cfg = folder / "haproxy.cfg"
-        cfg.write_text(haproxy_config(parse_workers([f"127.0.0.1:{p}" for p in ports]), bind=f"127.0.0.1:{lb_port}"))
-        procs.append(subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL,
-                                      stderr=open(folder / "haproxy.log", "w")))  # noqa: SIM115
-        _wait_ready(f"http://127.0.0.1:{lb_port}/v1/models", procs)
-        yield f"http://127.0.0.1:{lb_port}", workers
+        yield urls
     finally:
         for p in procs:
             p.terminate()
@@ -84,6 +78,31 @@ def replicas(tmp_path_factory):
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+@pytest.fixture(params=["sticky", "bounded"])
+def replicas(request, workers, tmp_path):
+    """HAProxy in front of the workers, routing by `policy`; yields (balancer url, worker urls)."""
+    port = _free_port()
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(haproxy_config(parse_workers([u.removeprefix("http://") for u in workers]),
+                                  bind=f"127.0.0.1:{port}", policy=request.param))
+    balancer = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL,
+                                stderr=open(tmp_path / "haproxy.log", "w"))  # noqa: SIM115 - closed with it
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}/v1/models", [balancer])
+        yield f"http://127.0.0.1:{port}", workers, request.param
+    finally:
+        balancer.terminate()
+        balancer.wait(timeout=20)
+
+
+def test_every_routing_policy_is_a_valid_haproxy_configuration(tmp_path):
+    for policy in POLICIES:
+        cfg = tmp_path / f"{policy}.cfg"
+        cfg.write_text(haproxy_config(parse_workers(["127.0.0.1:7861", "127.0.0.1:7862"]), policy=policy))
+        check = subprocess.run(["haproxy", "-c", "-f", str(cfg)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
 
 
 def _client(url: str):
@@ -100,10 +119,10 @@ def _ask(client, doc_id: str, question: str):
 
 
 def test_questions_stick_to_one_worker_per_document_over_one_data_folder(replicas):
-    balancer, workers = replicas
+    balancer, workers, policy = replicas
     client = _client(balancer)
     docs = {}
-    for i in range(4):
+    for i in range(4):  # the same files for both policies: the second run finds them stored
         raw = client.files.with_raw_response.create(file=(f"lighthouse-{i}.txt", _document(i)), purpose="user_data")
         docs[i] = raw.parse().id
     questions = ["What is the special magic number for quiet-lighthouse-{i} mentioned in the provided text?",
@@ -117,10 +136,11 @@ def test_questions_stick_to_one_worker_per_document_over_one_data_folder(replica
     # Affinity: every later question on a document went where its first one did.
     later = [r for rs in served.values() for r in rs[1:]]
     hits = sum(r == rs[0] for rs in served.values() for r in rs[1:])
-    print(f"affinity hit rate {hits}/{len(later)}; documents per worker {Counter(rs[0] for rs in served.values())}")
-    assert hits == len(later)
-    # Least connections spread the documents seen first over both workers.
-    assert {rs[0] for rs in served.values()} == {"w0", "w1"}
+    print(f"{policy}: affinity hit rate {hits}/{len(later)}; documents per worker "
+          f"{Counter(rs[0] for rs in served.values())}")
+    assert hits == len(later)  # one question at a time: no worker is ever past the bounded policy's load limit
+    if policy == "sticky":  # least connections spread the documents seen first over both workers
+        assert {rs[0] for rs in served.values()} == {"w0", "w1"}
     # Each worker answers about a document whichever worker stored it (one data folder).
     for url in workers:
         for doc_id in docs.values():
@@ -130,8 +150,7 @@ def test_questions_stick_to_one_worker_per_document_over_one_data_folder(replica
             assert reply.model_extra["citations"]
 
 
-def test_two_workers_adding_documents_at_once_both_store_them(replicas):
-    _, workers = replicas
+def test_two_workers_adding_documents_at_once_both_store_them(workers):
     ids: dict[str, str] = {}
 
     def upload(url: str, i: int) -> None:

@@ -87,6 +87,9 @@ def _build_parser() -> argparse.ArgumentParser:
                                                 "folder: questions routed by document affinity, else least loaded")
     rc.add_argument("workers", nargs="+", metavar="HOST:PORT", help="the `docqa serve` workers")
     rc.add_argument("--bind", default="127.0.0.1:7860", help="where the balancer listens")
+    rc.add_argument("--policy", choices=("sticky", "bounded", "leastconn"), default="sticky",
+                    help="sticky: a document stays with the worker that first answered it, new ones go to the least "
+                         "loaded; bounded: consistent hashing with bounded loads; leastconn: no affinity")
 
     mk = sub.add_parser("make-random-model",
                         help="write a tiny random checkpoint (Dream or LLaDA format) for trying things")
@@ -203,7 +206,7 @@ def _cmd_make_random_model(args: argparse.Namespace) -> int:
 def _cmd_replicas_config(args: argparse.Namespace) -> int:
     from tools.replicas import haproxy_config, parse_workers
 
-    print(haproxy_config(parse_workers(args.workers), bind=args.bind), end="")
+    print(haproxy_config(parse_workers(args.workers), bind=args.bind, policy=args.policy), end="")
     return EXIT_OK
 
 

@@ -24,8 +24,8 @@ see the GPUs' side). The first run (compilation) is a warm-up, untimed.
 front (tools.replicas) and asks questions from `--users` threads through it, every question new
 (so none is answered from the answer memo), each about one document drawn at random. Reports
 questions/s, each replica's share and the affinity hit rate: of the questions after a document's
-first, those answered by the replica that answered its first (`--no-affinity`: least connections
-alone, to compare). The model folder is written once at --shape if missing (Dream-7B's layers and
+first, those answered by the replica that answered its first (`--policy leastconn`: no affinity,
+to compare). The model folder is written once at --shape if missing (Dream-7B's layers and
 heads, the small random tokenizer's vocabulary).
 """
 
@@ -259,9 +259,7 @@ def bench_questions(args: argparse.Namespace) -> int:
 def _ask_through_balancer(args, world, doc_ids, haproxy_config, Worker):
     workers = [Worker(f"w{r}", f"127.0.0.1:{args.base_port + r}") for r in range(world)]
     lb = f"127.0.0.1:{args.base_port + world}"
-    cfg = haproxy_config(workers, bind=lb)
-    if args.no_affinity:
-        cfg = "\n".join(line for line in cfg.splitlines() if "stick" not in line) + "\n"
+    cfg = haproxy_config(workers, bind=lb, policy=args.policy)
     cfg_path = args.out / "haproxy.cfg"
     args.out.mkdir(parents=True, exist_ok=True)
     cfg_path.write_text(cfg)
@@ -307,13 +305,15 @@ def _ask_through_balancer(args, world, doc_ids, haproxy_config, Worker):
         else:
             first[d] = replica
     share = {w.name: sum(r == w.name for _, _, r in served) for w in workers}
-    row = {"shape": args.shape, "model": str(args.model), "replicas": world, "device": _gpu_name(), "docs": len(doc_ids),
+    row = {"shape": args.shape, "model": str(args.model), "replicas": world, "device": _gpu_name(),
+           "docs": len(doc_ids),
            "context": args.context, "answer": args.answer, "users": args.users, "questions": len(served),
            "errors": len(errors), "wall_s": round(wall, 3), "questions_per_s": round(len(served) / wall, 3),
-           "affinity": not args.no_affinity, "affinity_hit_rate": round(hits / later, 4) if later else None,
+           "policy": args.policy, "affinity_hit_rate": round(hits / later, 4) if later else None,
            "per_replica": share}
-    print(f"questions {args.model.name} x{world} replicas: {len(served)} in {wall:.2f} s = {len(served) / wall:.2f} q/s, "
-          f"affinity hits {hits}/{later}, per replica {share}, errors {len(errors)}", flush=True)
+    print(f"questions {args.model.name} x{world} replicas ({args.policy}): {len(served)} in {wall:.2f} s = "
+          f"{len(served) / wall:.2f} q/s, affinity hits {hits}/{later}, per replica {share}, "
+          f"errors {len(errors)}", flush=True)
     return row, balancer
 
 
@@ -323,7 +323,7 @@ def summary(args: argparse.Namespace) -> int:
     """Each run's throughput against n times the one-GPU (one-replica) run's of the same setting."""
     for name, unit, n_key, rate_key, same in (
             (PREFILL_FILE, "tok/s", "gpus", "tokens_per_s", ("shape", "write", "kv_at_rest")),
-            (QUESTIONS_FILE, "q/s", "replicas", "questions_per_s", ("model", "affinity", "context"))):
+            (QUESTIONS_FILE, "q/s", "replicas", "questions_per_s", ("model", "policy", "context"))):
         path = args.folder / name
         if not path.exists():
             continue
@@ -370,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     qs.add_argument("--users", type=int, default=32, help="clients asking at once")
     qs.add_argument("--rounds", type=int, default=4, help="questions each client asks")
     qs.add_argument("--prefilter", type=int, default=None, help="BM25 candidates (default: the model's)")
-    qs.add_argument("--no-affinity", action="store_true", help="least connections alone (no stick table)")
+    qs.add_argument("--policy", choices=("sticky", "bounded", "leastconn"), default="sticky",
+                    help="HAProxy's routing (tools.replicas): leastconn has no affinity, to compare")
     qs.add_argument("--base-port", type=int, default=7900)
     qs.add_argument("--device", default=None)
     qs.add_argument("--timeout", type=float, default=3600.0)

@@ -144,3 +144,14 @@ def test_a_rank_failing_midway_leaves_nothing_committed(tmp_path, dream_dir, doc
     _ingest_one_process(data, dream_dir, document, 0.03)
     _ingest_one_process(tmp_path / "reference", dream_dir, document, 0.03)
     assert _stored(data) == _stored(tmp_path / "reference")
+
+
+def test_one_process_through_docqa_tools_and_a_missing_file_is_one_line(tmp_path, dream_dir, document):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    run = subprocess.run([sys.executable, "-m", "tools.cli", "prefill-distributed", "--data-dir", str(tmp_path / "d"),
+                          "--model", str(dream_dir), "--chunk-size", str(CHUNK_SIZE), "--device", "cpu",
+                          str(document), str(tmp_path / "missing.txt")],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    assert "added: harbour.txt" in run.stdout and "over 1 rank(s)" in run.stdout
+    assert run.stderr.strip() == f"docqa-tools: missing.txt: no such file: {tmp_path / 'missing.txt'}"

@@ -314,7 +314,7 @@ class DocQA:
             if created:  # a new document that cannot be stored whole is not kept at all
                 self._discard(doc_id)
                 raise IngestError("storage", f"{name} was not added: its KV cache could not be stored ({exc}). "
-                                             "Nothing of it was kept; free space and add it again.") from None
+                                             "Nothing of it was kept; add it again once that is fixed.") from None
             self.store.set_status(doc_id, "failed", str(exc))  # a library's earlier failed entry stays one
             raise IngestError("storage", f"{name} was read but its KV cache could not be stored: {exc}. It is listed "
                                          "as failed; add it again to retry.") from None

@@ -96,7 +96,13 @@ def prefill_distributed(args: argparse.Namespace) -> int:
     try:
         config = ServiceConfig(data_dir=args.data_dir, model_dir=args.model, device=device, dtype=args.dtype,
                                kv_encoding=args.kv_at_rest, max_shard_bytes=int(args.max_shard_mb * 2**20))
-        service = DocQA(config, kv_service=partial(DistributedKVService, group=RankGroup.current()))
+        make = partial(DocQA, config, kv_service=partial(DistributedKVService, group=RankGroup.current()))
+        # Rank 0 first: it creates or upgrades the library and keeps the weights' digests, which the
+        # others then reuse (a 15 GB checkpoint is hashed once, not by every rank at once).
+        service = make() if rank == 0 else None
+        dist.barrier()
+        if service is None:
+            service = make()
         dist.barrier()  # every rank's store opened (its recovery done) before rank 0 writes
         if rank != 0:
             service.kv.serve_prefills()

@@ -126,8 +126,9 @@ def bench_prefill(args: argparse.Namespace) -> int:
             tokenizer = load_tokenizer(tok_dir, read_model_config(tok_dir))
         engine = Engine(runner, tokenizer, fingerprint=f"scale-bench-{args.shape}")
         data_dir = args.data_dir / f"rank-group-{world}"
-        if rank == 0 and data_dir.exists():
-            shutil.rmtree(data_dir)
+        if rank == 0:
+            shutil.rmtree(data_dir, ignore_errors=True)
+            DocumentStore(data_dir)  # the library made once, before the other ranks open it
         dist.barrier()
         store = DocumentStore(data_dir, max_shard_bytes=int(args.max_shard_mb * 2**20), run_recovery=rank == 0)
         kv = DistributedKVService(engine, store, TieredKVPool(device, 0, 0), args.kv_at_rest,

@@ -22,6 +22,7 @@ values on the CPU (tests/test_distributed_prefill.py checks it), possibly a last
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import re
@@ -34,8 +35,9 @@ import torch.distributed as dist
 
 from app.kv_service import CHUNK_AXIS, DocumentKVService, DocumentLayout, chunk_records, file_part
 from engine import DocumentKV
-from engine.method.chunking import ChunkedTokens
+from engine.method.chunking import ChunkedTokens, token_breaks
 from engine.method.prefill import ProgressFn, chunks_per_batch, default_token_budget
+from engine.method.sentences import sentence_starts
 from storage import KVKey, StagedKV, StorageError
 from storage.kv_files import ShardInfo, bytes_per_chunk, chunks_per_shard
 
@@ -75,6 +77,55 @@ def plan_shares(num_chunks: int, per_shard: int, per_batch: int, world_size: int
         end = min(num_chunks, (rank + 1) * pieces // world_size * piece)
         shares.append(RankShare(rank, start, end, start // per_shard))
     return shares
+
+
+SEAM_CHARS = 256  # characters each side of a cut that are tokenized whole to check it
+
+
+def _cut_at_or_after(text: str, pos: int) -> int | None:
+    """The first position from `pos` where a byte-level BPE's pre-tokenizer cuts whatever comes
+    before: a space after a non-space and before a letter (the space starts the next word's token)."""
+    for i in range(max(pos, 1), len(text) - 1):
+        if text[i] == " " and not text[i - 1].isspace() and text[i + 1].isalpha():
+            return i
+    return None
+
+
+def tokenize_in_pieces(tokenizer, text: str, pieces: int) -> tuple[list[int], list[tuple[int, int]]] | None:
+    """`text`'s token ids and character spans as tokenizing it whole gives them, from `pieces`
+    pieces tokenized at once (a fast tokenizer spreads a batch over its threads). The pieces are
+    cut where the pre-tokenizer cuts anyway, and each cut is checked: a window of text around it,
+    tokenized whole, must give exactly the tokens the pieces give there. None when the text is too
+    short to cut, or any check fails (a tokenizer that treats a piece's start specially): then the
+    caller tokenizes it whole."""
+    n = len(text)
+    if pieces < 2 or n < pieces * 4 * SEAM_CHARS:
+        return None
+    cuts = [0]
+    for k in range(1, pieces):
+        cut = _cut_at_or_after(text, k * n // pieces)
+        if cut is None or cut < cuts[-1] + 2 * SEAM_CHARS or cut > n - 2 * SEAM_CHARS:
+            return None
+        cuts.append(cut)
+    cuts.append(n)
+    windows = [(_cut_at_or_after(text, c - SEAM_CHARS), _cut_at_or_after(text, c + SEAM_CHARS)) for c in cuts[1:-1]]
+    if any(a is None or b is None or not a < c < b for (a, b), c in zip(windows, cuts[1:-1], strict=True)):
+        return None
+    texts = [text[a:b] for a, b in zip(cuts, cuts[1:], strict=False)] + [text[a:b] for a, b in windows]
+    enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    ids: list[int] = []
+    offsets: list[tuple[int, int]] = []
+    for start, piece_ids, piece_offsets in zip(cuts, enc["input_ids"][:pieces], enc["offset_mapping"][:pieces],
+                                               strict=False):
+        ids += piece_ids
+        offsets += [(a + start, b + start) for a, b in piece_offsets]
+    starts = [a for a, _ in offsets]
+    for (a, b), window_ids, window_offsets in zip(windows, enc["input_ids"][pieces:], enc["offset_mapping"][pieces:],
+                                                  strict=True):
+        i, j = bisect.bisect_left(starts, a), bisect.bisect_left(starts, b)
+        if ids[i:j] != window_ids or offsets[i:j] != [(x + a, y + a) for x, y in window_offsets]:
+            return None
+    return ids, offsets
 
 
 def share_chunks(chunks: ChunkedTokens, share: RankShare) -> ChunkedTokens:
@@ -117,10 +168,23 @@ class DistributedKVService(DocumentKVService):
     service calls `_prefill_alone` from `DocQA.ingest`; every other rank runs `serve_prefills`.
     Prefills asked for by a question (not an ingest) stay on the process that asks."""
 
-    def __init__(self, *args: Any, group: RankGroup, **kw: Any) -> None:
+    def __init__(self, *args: Any, group: RankGroup, tokenizer_pieces: int = 1, **kw: Any) -> None:
+        """`tokenizer_pieces`: pieces a document's text is tokenized in at once (`tokenize_in_pieces`),
+        so that the tokenizing every rank does in full costs a fraction of its time."""
         super().__init__(*args, **kw)
         self.group = group
+        self.tokenizer_pieces = tokenizer_pieces
         self.lost = False  # a collective failed: the group cannot be used again
+
+    def layout(self, doc_id: str, chunk_size: int) -> DocumentLayout:
+        """As DocumentKVService.layout, the text tokenized in pieces when it can be (the same tokens)."""
+        text = self.store.document_text(doc_id)
+        pieces = tokenize_in_pieces(self.engine.tokenizer, text, self.tokenizer_pieces)
+        if pieces is None:
+            return super().layout(doc_id, chunk_size)
+        ids, offsets = pieces
+        breaks = token_breaks(sentence_starts(text), offsets)
+        return DocumentLayout(text, ids, offsets, breaks, self.engine.chunk(ids, chunk_size, breaks))
 
     # ---- the collectives -----------------------------------------------------------------------
 

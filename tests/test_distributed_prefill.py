@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app.distributed_prefill import plan_shares
+from app.distributed_prefill import plan_shares, tokenize_in_pieces
 from storage import DocumentStore
 from storage.kv_files import TMP_MARK
 
@@ -38,6 +38,28 @@ def test_shares_are_whole_shards_covering_the_document_in_order():
     # Too few: single shards, as even as they come.
     assert [(s.start, s.end) for s in plan_shares(576, 7, 128, 2)] == [(0, 287), (287, 576)]
     assert [(s.start, s.end) for s in plan_shares(5, 4, 2, 4)] == [(0, 0), (0, 4), (4, 4), (4, 5)]
+
+
+def test_text_tokenized_in_pieces_gives_the_tokens_of_the_whole(dream_dir, llada_dir):
+    from engine.model.tokenizer import load_tokenizer
+    from engine.model.weights import read_model_config
+
+    rng = random.Random(1)
+    words = "the harbour's pier, gull; tide: 3.14 keeper Étude naïve café — ½ 42 rope".split()
+    text = "".join(rng.choice(words) + rng.choice([" ", " ", " ", "  ", ". ", "\n\n", "\t"]) for _ in range(6000))
+    for folder in (dream_dir, llada_dir):
+        tokenizer = load_tokenizer(folder, read_model_config(folder))
+        whole = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        spans = [tuple(o) for o in whole["offset_mapping"]]
+        assert tokenize_in_pieces(tokenizer, text, 8) == (whole["input_ids"], spans)
+        assert tokenize_in_pieces(tokenizer, text[:3000], 8) is None  # too short to cut: tokenized whole
+
+        def marks_each_start(texts, tokenizer=tokenizer, **kw):  # treats the start of what it reads specially
+            enc = tokenizer(texts, **kw)
+            return {"input_ids": [[0, *ids] for ids in enc["input_ids"]],
+                    "offset_mapping": [[(0, 0), *offs] for offs in enc["offset_mapping"]]}
+
+        assert tokenize_in_pieces(marks_each_start, text, 8) is None  # a seam's check fails: tokenized whole
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds a rank waits for the others at a collective before giving up")
 
 
+def cpu_threads_per_rank() -> int:
+    """This host's cores shared among its ranks (torchrun's LOCAL_WORLD_SIZE)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def tokenizer_pieces() -> int:
+    """Pieces each rank tokenizes a document in (app.distributed_prefill.tokenize_in_pieces): two
+    a thread, at least 8; the fast tokenizer's threads are set to this rank's cores, so the ranks
+    of a host do not oversubscribe it."""
+    threads = cpu_threads_per_rank()
+    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))  # read when the tokenizer first batches
+    return max(8, 2 * threads)
+
+
 def _group_env() -> tuple[int, int, int]:
     return (int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
             int(os.environ.get("LOCAL_RANK", "0")))
@@ -96,7 +111,8 @@ def prefill_distributed(args: argparse.Namespace) -> int:
     try:
         config = ServiceConfig(data_dir=args.data_dir, model_dir=args.model, device=device, dtype=args.dtype,
                                kv_encoding=args.kv_at_rest, max_shard_bytes=int(args.max_shard_mb * 2**20))
-        make = partial(DocQA, config, kv_service=partial(DistributedKVService, group=RankGroup.current()))
+        make = partial(DocQA, config, kv_service=partial(DistributedKVService, group=RankGroup.current(),
+                                                         tokenizer_pieces=tokenizer_pieces()))
         # Rank 0 first: it creates or upgrades the library and keeps the weights' digests, which the
         # others then reuse (a 15 GB checkpoint is hashed once, not by every rank at once).
         service = make() if rank == 0 else None

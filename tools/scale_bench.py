@@ -111,6 +111,7 @@ def bench_prefill(args: argparse.Namespace) -> int:
     from engine.runner import Runner
     from storage import DocumentStore, PageSpan, TieredKVPool
     from tools.bench import SHAPES
+    from tools.distributed_prefill import tokenizer_pieces
 
     rank, world, local = _rank_env()
     device = torch.device(_device(args.device, local))
@@ -132,7 +133,7 @@ def bench_prefill(args: argparse.Namespace) -> int:
         dist.barrier()
         store = DocumentStore(data_dir, max_shard_bytes=int(args.max_shard_mb * 2**20), run_recovery=rank == 0)
         kv = DistributedKVService(engine, store, TieredKVPool(device, 0, 0), args.kv_at_rest,
-                                  group=RankGroup(rank, world))
+                                  group=RankGroup(rank, world), tokenizer_pieces=tokenizer_pieces())
         for run in range(args.repeats + 1):  # run 0: the warm-up
             text = random_text(args.tokens, tokenizer, seed=run)
             doc_id = f"{run:064x}"

@@ -17,7 +17,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -46,6 +46,18 @@ OPTIONAL_TENSORS = SCALE_NAMES  # only fp8 files have them (storage.kv_codec)
 # The cut `prefill_text` makes, recorded with every cache: caches cut another way (the fixed-length
 # cut of older caches) are not reused, but prefilled again. Rename it when the cut changes.
 CHUNKING = "sentence-starts-v1"
+
+
+@dataclass(frozen=True)
+class DocumentLayout:
+    """A document's text as the model reads it: token ids, each token's character span, the token
+    indices where sentences begin, and the chunks cut from them."""
+
+    text: str
+    ids: list[int]
+    offsets: list[tuple[int, int]]
+    breaks: list[int]
+    chunks: ChunkedTokens
 
 
 def at_stored_precision(doc: DocumentKV, encoding: str = DEFAULT_KV_ENCODING) -> DocumentKV:
@@ -258,17 +270,27 @@ class DocumentKVService:
                 return None
             return self._prefill_alone(key, progress, must_persist)
 
-    def _prefill_alone(self, key: KVKey, progress: ProgressFn | None, must_persist: bool) -> DocumentKV | None:
-        self.prefills += 1
-        text = self.store.document_text(key.document_id)
+    def layout(self, doc_id: str, chunk_size: int) -> DocumentLayout:
+        """The stored document's tokens and chunks, as every prefill of it cuts them."""
+        text = self.store.document_text(doc_id)
         ids, offsets, breaks = tokenize_for_chunks(self.engine, text)
-        chunks = self.engine.chunk(ids, key.chunk_size, breaks)
-        records = chunk_records(chunks, offsets, text, self.store.pages(key.document_id))
+        return DocumentLayout(text, ids, offsets, breaks, self.engine.chunk(ids, chunk_size, breaks))
+
+    def file_parts(self, chunks: ChunkedTokens, progress: ProgressFn | None = None
+                   ) -> Iterator[dict[str, torch.Tensor]]:
+        """The chunks' prefill, a batch at a time, as the tensors their KV files hold (on the host)."""
         # Each batch encoded (fp8 scales) and copied to the host inside its turn too: GPU work from
         # another thread during a CUDA-graph capture on the scheduler's would break the capture.
-        parts = in_turns(({name: t.cpu() for name, t in file_part(b.keys, b.values, chunks, b.start, b.end,
-                                                                  self.encoding).items()}
-                          for b in self.engine.prefill_stream(chunks, progress, self.prefill_tokens)), self.model_turn)
+        return in_turns(({name: t.cpu() for name, t in file_part(b.keys, b.values, chunks, b.start, b.end,
+                                                                 self.encoding).items()}
+                         for b in self.engine.prefill_stream(chunks, progress, self.prefill_tokens)), self.model_turn)
+
+    def _prefill_alone(self, key: KVKey, progress: ProgressFn | None, must_persist: bool) -> DocumentKV | None:
+        self.prefills += 1
+        doc = self.layout(key.document_id, key.chunk_size)
+        ids, offsets, breaks, chunks = doc.ids, doc.offsets, doc.breaks, doc.chunks
+        records = chunk_records(chunks, offsets, doc.text, self.store.pages(key.document_id))
+        parts = self.file_parts(chunks, progress)
         try:
             self.store.save_kv(key, parts, CHUNK_AXIS, records, num_tokens=len(offsets))
             return None

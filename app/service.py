@@ -38,7 +38,7 @@ from storage import DocumentRecord, DocumentStore, PageSpan, ResultCache, Storag
 from storage.kv_codec import DEFAULT_KV_ENCODING
 from storage.kv_files import file_sha256
 from storage.kv_pool import default_budgets
-from storage.store import write_atomically
+from storage.store import DEFAULT_MAX_SHARD_BYTES, write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class ServiceConfig:
     request_timeout_s: float = 300.0  # a question holds the model at most this long
     prefilter_chunks: int | None = None  # BM25 candidates a question scores (None: the model's default; 0: all)
     kv_encoding: str = DEFAULT_KV_ENCODING  # how KV files keep keys and values (storage.kv_codec)
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES  # the most bytes one KV file holds (storage.store)
     dtype: str | None = None  # "float32" or "bfloat16" (None: app_dtype for the device)
     # Questions that may wait for the model at once; one more is refused with ServiceBusy, so a
     # burst gets a quick "try again" instead of answers that arrive after everyone gave up.
@@ -199,10 +200,15 @@ def kept_weight_digests(store: DocumentStore, model_dir: Path) -> dict[str, list
 
 
 class DocQA:
-    def __init__(self, config: ServiceConfig = ServiceConfig()) -> None:
+    """`kv_service`: the class that prefills and loads KV (app.distributed_prefill's splits each
+    prefill across torch.distributed ranks)."""
+
+    def __init__(self, config: ServiceConfig = ServiceConfig(),
+                 kv_service: Callable[..., DocumentKVService] = DocumentKVService) -> None:
         self.config = config
         # The store first: a missing or damaged library is reported before the model loads.
-        self.store = DocumentStore(config.data_dir, kv_budget_bytes=config.kv_budget_bytes)
+        self.store = DocumentStore(config.data_dir, kv_budget_bytes=config.kv_budget_bytes,
+                                   max_shard_bytes=config.max_shard_bytes)
         device = resolve_device(config.device)
         self.engine = Engine.from_pretrained(config.model_dir, device=device, dtype=app_dtype(device, config.dtype),
                                              weight_digests=kept_weight_digests(self.store, config.model_dir))
@@ -215,8 +221,7 @@ class DocQA:
         self.scheduler = AnswerScheduler(self.engine.runner, self.engine.tokenizer,
                                          max_batch=config.max_batch_questions,
                                          max_waiting=config.max_waiting_questions)
-        self.kv = DocumentKVService(self.engine, self.store, self.pool, config.kv_encoding,
-                                    model_turn=self.scheduler.turn)
+        self.kv = kv_service(self.engine, self.store, self.pool, config.kv_encoding, model_turn=self.scheduler.turn)
         self.memo = ResultCache(self.store.root / "memo", read_only=self.store.read_only)
         for doc_id in self.store.removed_unfinished:  # an ingest killed midway: its extracted text goes too
             self.memo.delete("extracted", doc_id)
@@ -309,7 +314,7 @@ class DocQA:
             if created:  # a new document that cannot be stored whole is not kept at all
                 self._discard(doc_id)
                 raise IngestError("storage", f"{name} was not added: its KV cache could not be stored ({exc}). "
-                                             "Nothing of it was kept; free space and add it again.") from None
+                                             "Nothing of it was kept; add it again once that is fixed.") from None
             self.store.set_status(doc_id, "failed", str(exc))  # a library's earlier failed entry stays one
             raise IngestError("storage", f"{name} was read but its KV cache could not be stored: {exc}. It is listed "
                                          "as failed; add it again to retry.") from None

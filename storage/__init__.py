@@ -7,8 +7,17 @@ from storage.errors import DatabaseError, KVFileError, ReadOnlyError, StorageErr
 from storage.kv_pool import PoolCounters, TieredKVPool
 from storage.memo import ResultCache
 from storage.repair import RepairReport, diagnose, repair
-from storage.store import ChunkRecord, DocumentRecord, DocumentStore, KVCacheRecord, KVKey, PageSpan, write_atomically
+from storage.store import (
+    ChunkRecord,
+    DocumentRecord,
+    DocumentStore,
+    KVCacheRecord,
+    KVKey,
+    PageSpan,
+    StagedKV,
+    write_atomically,
+)
 
 __all__ = ["ChunkRecord", "DatabaseError", "DocumentRecord", "DocumentStore", "KVCacheRecord", "KVFileError", "KVKey",
            "PageSpan", "PoolCounters", "ReadOnlyError", "RepairReport", "ResultCache", "StorageError",
-           "StorageFullError", "TieredKVPool", "diagnose", "repair", "write_atomically"]
+           "StagedKV", "StorageFullError", "TieredKVPool", "diagnose", "repair", "write_atomically"]

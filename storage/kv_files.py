@@ -41,12 +41,28 @@ class ShardInfo:
     chunk_end: int
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def shard_name(index: int) -> str:
+    return f"kv-{index:05d}.safetensors"
+
+
+def bytes_per_chunk(tensors: dict[str, torch.Tensor], chunk_axis: dict[str, int]) -> int:
+    """Bytes one chunk of these file tensors takes (each holds the same number of chunks)."""
+    n = next(t.shape[chunk_axis[name]] for name, t in tensors.items())
+    return sum(t.numel() * t.element_size() for t in tensors.values()) // max(n, 1)
+
+
+def chunks_per_shard(chunk_bytes: int, max_shard_bytes: int) -> int:
+    """Chunks a shard file holds: as many as fit in `max_shard_bytes`, at least one. Shard k holds
+    chunks [k * this, (k + 1) * this), whoever writes it."""
+    return max(1, max_shard_bytes // max(chunk_bytes, 1))
 
 
 class KVShardWriter:
@@ -60,18 +76,26 @@ class KVShardWriter:
     """
 
     def __init__(self, root: Path, rel_folder: str, chunk_axis: dict[str, int], max_shard_bytes: int,
-                 metadata: dict[str, str]) -> None:
+                 metadata: dict[str, str], staging: Path | None = None, first_shard: int = 0,
+                 first_chunk: int = 0) -> None:
+        """`staging`: a temporary folder shared with other writers (the ranks of a distributed
+        prefill), each writing the shards from `first_shard` (starting at chunk `first_chunk`, a
+        shard boundary) on; `finish` then renames nothing and `abort` removes only this writer's
+        files: whoever made the folder commits it (`DocumentStore.commit_staged_kv`) or drops it."""
         self.root, self.rel_folder, self.chunk_axis = root, rel_folder, chunk_axis
         self.max_shard_bytes, self.metadata = max_shard_bytes, metadata
         self.folder = root / rel_folder
-        self.tmp = self.folder.parent / f"{self.folder.name}{TMP_MARK}{uuid.uuid4().hex[:8]}"
+        self.shared = staging is not None
+        self.tmp = staging if staging is not None else \
+            self.folder.parent / f"{self.folder.name}{TMP_MARK}{uuid.uuid4().hex[:8]}"
+        self.first_shard, self.first_chunk = first_shard, first_chunk
         self.shards: list[ShardInfo] = []
         self.num_chunks = 0  # chunks received so far
         self._pending: list[dict[str, torch.Tensor]] = []  # parts of the shard being filled
         self._pending_chunks = 0
         self._per_shard: int | None = None  # chunks a shard holds (known from the first part)
         with self._errors():
-            self.tmp.mkdir(parents=True)
+            self.tmp.mkdir(parents=True, exist_ok=self.shared)
 
     def append(self, tensors: dict[str, torch.Tensor]) -> None:
         """Adds the next chunks: every tensor holds the same number of chunks on its chunk axis."""
@@ -84,8 +108,7 @@ class KVShardWriter:
                 self._pending.append({name: t.cpu() for name, t in tensors.items()})
             return
         if self._per_shard is None:
-            per_chunk = sum(t.numel() * t.element_size() for t in tensors.values()) // max(n, 1)
-            self._per_shard = max(1, self.max_shard_bytes // max(per_chunk, 1))
+            self._per_shard = chunks_per_shard(bytes_per_chunk(tensors, self.chunk_axis), self.max_shard_bytes)
         done = 0
         while done < n:  # a part larger than the room left in the shard is split across shards
             take = min(n - done, self._per_shard - self._pending_chunks)
@@ -98,31 +121,44 @@ class KVShardWriter:
         self.num_chunks += n
 
     def finish(self) -> list[ShardInfo]:
-        """Writes what is pending and renames the folder into place (replacing an older copy)."""
+        """Writes what is pending and renames the folder into place (replacing an older copy); in
+        a shared staging folder, only writes what is pending."""
+        if self.shared:
+            if self._pending:
+                with self._errors():
+                    self._flush()
+            return self.shards
         with self._errors():
             if self._pending or not self.shards:
                 self._flush()
-            _fsync_dir(self.tmp)
+            fsync_dir(self.tmp)
             if self.folder.exists():  # an evicted or broken earlier copy: it is replaced whole
                 shutil.rmtree(self.folder)
             os.replace(self.tmp, self.folder)
-            _fsync_dir(self.folder.parent)
+            fsync_dir(self.folder.parent)
         return self.shards
 
     def abort(self) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        if not self.shared:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return
+        for shard in self.shards:
+            (self.root / shard.path).unlink(missing_ok=True)
+        for leftover in self.tmp.glob(f"{shard_name(self.first_shard + len(self.shards))}*"):
+            leftover.unlink(missing_ok=True)  # the shard being written when it failed
 
     def _flush(self) -> None:
-        start = sum(s.chunk_end - s.chunk_start for s in self.shards)
+        start = self.first_chunk + sum(s.chunk_end - s.chunk_start for s in self.shards)
         end = start + self._pending_chunks
         parts, self._pending, self._pending_chunks = self._pending, [], 0
-        name = f"kv-{len(self.shards):05d}.safetensors"
+        index = self.first_shard + len(self.shards)
+        name = shard_name(index)
         with self._errors(), open(self.tmp / name, "wb") as f:
             size, digest = write_safetensors(f, parts, self.chunk_axis,
                                              self.metadata | {"chunk_start": str(start), "chunk_end": str(end)})
             f.flush()
             os.fsync(f.fileno())
-        self.shards.append(ShardInfo(len(self.shards), f"{self.rel_folder}/{name}", size, digest, start, end))
+        self.shards.append(ShardInfo(index, f"{self.rel_folder}/{name}", size, digest, start, end))
 
     @contextlib.contextmanager
     def _errors(self):

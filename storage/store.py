@@ -29,7 +29,7 @@ import sqlite3
 import threading
 import uuid
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -42,9 +42,12 @@ from storage.errors import NO_SPACE, READ_ONLY, DatabaseError, ReadOnlyError
 from storage.kv_files import (
     TMP_MARK,
     KVFileError,
+    KVShardWriter,
     ShardInfo,
     StorageError,
     StorageFullError,
+    check_shard,
+    fsync_dir,
     read_kv_chunks,
     read_kv_shards,
     remove_temporaries,
@@ -101,6 +104,22 @@ class KVKey:
     def folder_prefix(self) -> str:
         """Each write goes to a new folder under this prefix: a live cache is never overwritten."""
         return f"kv/{self.document_id}/{self.model_fingerprint[:16]}-c{self.chunk_size}-{self.dtype}"
+
+
+@dataclass(frozen=True)
+class StagedKV:
+    """A KV cache being written by several processes: `staging` (a temporary folder, relative to
+    the data folder) becomes `folder` when committed."""
+
+    key: KVKey
+    folder: str
+    staging: str
+
+
+def _kv_metadata(key: KVKey) -> dict[str, str]:
+    """What every KV file of a cache says about it (safetensors metadata)."""
+    return {"document_id": key.document_id, "model_fingerprint": key.model_fingerprint,
+            "chunk_size": str(key.chunk_size), "dtype": key.dtype, "chunking": key.chunking}
 
 
 @dataclass(frozen=True)
@@ -460,15 +479,72 @@ class DocumentStore:
         """
         if self.get_document(key.document_id) is None:
             raise StorageError(f"unknown document {key.document_id}")
-        meta = {"document_id": key.document_id, "model_fingerprint": key.model_fingerprint,
-                "chunk_size": str(key.chunk_size), "dtype": key.dtype, "chunking": key.chunking}
         with self.writing():
-            return self._save_kv_locked(key, tensors, chunk_axis, chunks, num_tokens, meta)
+            folder = f"{key.folder_prefix}-{uuid.uuid4().hex[:8]}"
+            shards = write_kv_shards(self.root, folder, tensors, chunk_axis, len(chunks), self.max_shard_bytes,
+                                     _kv_metadata(key))
+            return self._record_kv(key, folder, shards, chunks, num_tokens)
 
-    def _save_kv_locked(self, key, parts, chunk_axis, chunks, num_tokens, meta) -> KVCacheRecord:
-        num_chunks = len(chunks)
+    # A KV cache written by several processes (app.distributed_prefill): one stages a folder, each
+    # writes its range of shards into it, and the one that staged it commits it once all are there.
+
+    def stage_kv(self, key: KVKey) -> StagedKV:
+        """A temporary folder for a cache that several writers fill (recovery removes it if nobody
+        commits it)."""
+        if self.get_document(key.document_id) is None:
+            raise StorageError(f"unknown document {key.document_id}")
         folder = f"{key.folder_prefix}-{uuid.uuid4().hex[:8]}"
-        shards = write_kv_shards(self.root, folder, parts, chunk_axis, num_chunks, self.max_shard_bytes, meta)
+        staged = StagedKV(key, folder, f"{folder}{TMP_MARK}{uuid.uuid4().hex[:8]}")
+        with self.writing():
+            try:
+                (self.root / staged.staging).mkdir(parents=True)
+            except OSError as exc:
+                raise _storage_error(exc, self.root / staged.staging) from None
+        return staged
+
+    def staged_writer(self, staged: StagedKV, chunk_axis: dict[str, int], first_shard: int,
+                      first_chunk: int) -> KVShardWriter:
+        """A writer of shards `first_shard`... (from chunk `first_chunk`) into the staged folder:
+        the same files, names and checksums as `save_kv` writes for those chunks. Write under
+        `writing()`."""
+        return KVShardWriter(self.root, staged.folder, chunk_axis, self.max_shard_bytes, _kv_metadata(staged.key),
+                             staging=self.root / staged.staging, first_shard=first_shard, first_chunk=first_chunk)
+
+    def commit_staged_kv(self, staged: StagedKV, shards: list[ShardInfo], chunks: list[ChunkRecord],
+                         num_tokens: int) -> KVCacheRecord:
+        """Renames the staged folder into place and records it, once `shards` (every writer's)
+        cover all chunks in order and each file has its recorded size; otherwise, or on any
+        error, the staged folder is removed and nothing is recorded."""
+        with self.writing():
+            try:
+                shards = sorted(shards, key=lambda s: s.shard)
+                ends = [0] + [s.chunk_end for s in shards]
+                if [s.shard for s in shards] != list(range(len(shards))) or \
+                        any(s.chunk_start != ends[i] for i, s in enumerate(shards)) or ends[-1] != len(chunks):
+                    raise StorageError(f"the staged KV shards of {staged.key.document_id} do not cover its "
+                                       f"{len(chunks)} chunks in order")
+                for shard in shards:
+                    check_shard(self.root, replace(shard, path=shard.path.replace(staged.folder, staged.staging, 1)),
+                                verify_hash=False)
+                final = self.root / staged.folder
+                try:
+                    fsync_dir(self.root / staged.staging)
+                    os.replace(self.root / staged.staging, final)
+                    fsync_dir(final.parent)
+                except OSError as exc:
+                    raise _storage_error(exc, final) from None
+            except BaseException:
+                self.discard_staged_kv(staged)
+                raise
+            return self._record_kv(staged.key, staged.folder, shards, chunks, num_tokens)
+
+    def discard_staged_kv(self, staged: StagedKV) -> None:
+        shutil.rmtree(self.root / staged.staging, ignore_errors=True)
+
+    def _record_kv(self, key: KVKey, folder: str, shards: list[ShardInfo], chunks: list[ChunkRecord],
+                   num_tokens: int) -> KVCacheRecord:
+        """Records a cache whose files are in place (under `writing()`); on failure removes them."""
+        num_chunks = len(chunks)
         total = sum(s.bytes for s in shards)
         now = _now()
         # Without `chunking`: a cache of another cut for the same key is replaced, not kept beside.

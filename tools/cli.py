@@ -77,6 +77,20 @@ def _build_parser() -> argparse.ArgumentParser:
                                                             "fraction of the measured throughput")
     bn.add_argument("--out", type=Path, default=Path("bench-out"))
 
+    from tools.distributed_prefill import add_arguments
+
+    pd = sub.add_parser("prefill-distributed", help="add documents with their prefill split across the ranks of a "
+                                                    "torchrun launch (NCCL on GPUs, gloo on CPUs)")
+    add_arguments(pd)
+
+    rc = sub.add_parser("replicas-config", help="print HAProxy's configuration for docqa workers over one data "
+                                                "folder: questions routed by document affinity, else least loaded")
+    rc.add_argument("workers", nargs="+", metavar="HOST:PORT", help="the `docqa serve` workers")
+    rc.add_argument("--bind", default="127.0.0.1:7860", help="where the balancer listens")
+    rc.add_argument("--policy", choices=("sticky", "bounded", "leastconn"), default="sticky",
+                    help="sticky: a document stays with the worker that first answered it, new ones go to the least "
+                         "loaded; bounded: consistent hashing with bounded loads; leastconn: no affinity")
+
     mk = sub.add_parser("make-random-model",
                         help="write a tiny random checkpoint (Dream or LLaDA format) for trying things")
     mk.add_argument("folder", type=Path)
@@ -189,8 +203,22 @@ def _cmd_make_random_model(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_replicas_config(args: argparse.Namespace) -> int:
+    from tools.replicas import haproxy_config, parse_workers
+
+    print(haproxy_config(parse_workers(args.workers), bind=args.bind, policy=args.policy), end="")
+    return EXIT_OK
+
+
+def _cmd_prefill_distributed(args: argparse.Namespace) -> int:
+    from tools.distributed_prefill import prefill_distributed
+
+    return prefill_distributed(args)
+
+
 COMMANDS = {"eval": _cmd_eval, "eval-data": _cmd_eval_data, "bench": _cmd_bench,
-            "make-random-model": _cmd_make_random_model}
+            "make-random-model": _cmd_make_random_model, "prefill-distributed": _cmd_prefill_distributed,
+            "replicas-config": _cmd_replicas_config}
 
 
 def main(argv: list[str] | None = None) -> int:

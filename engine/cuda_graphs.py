@@ -10,13 +10,20 @@ addresses, so everything the function reads must stay alive and in place while i
 
 from __future__ import annotations
 
+import inspect
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 logger = logging.getLogger(__name__)
+
+# The pool of the graphs a question's preparation and batched steps replay (the draft, the
+# question's pass, the batched decode step): each one's outputs are read or copied before the
+# next replays.
+ANSWER_GRAPHS = "answer"
 
 
 class GraphedCall:
@@ -26,9 +33,16 @@ class GraphedCall:
     each one's outputs must be used before another of them replays."""
 
     def __init__(self, fn: Callable[[], Any], use_graph: bool, what: str, pool: tuple | None = None) -> None:
-        self.fn, self.use_graph, self.what, self.pool = fn, use_graph, what, pool
+        # A bound method is held weakly: its object holds this call, and a strong reference back
+        # would make a cycle that only the garbage collector frees, so a pass the runner drops
+        # would keep its buffers and graph memory (gigabytes for a batched step) until then.
+        self._fn = weakref.WeakMethod(fn) if inspect.ismethod(fn) else (lambda: fn)
+        self.use_graph, self.what, self.pool = use_graph, what, pool
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: Any = None
+
+    def fn(self) -> Any:
+        return self._fn()()
 
     def __call__(self) -> Any:
         if self.graph is not None:
@@ -65,3 +79,12 @@ class GraphedCall:
         if self.use_graph:
             self.graph, self.out = graph, out
         return result
+
+
+def kept_pool(runner, kind: str) -> tuple | None:
+    """One memory pool for the runner's graphs of `kind` (None off CUDA): graphs that each read
+    their outputs before another of them replays can share it, so what each adds is its outputs,
+    not a pool of its own for its intermediates."""
+    if not runner.uses_graphs:
+        return None
+    return runner.kept(f"{kind} graph pool", None, 1, torch.cuda.graph_pool_handle)

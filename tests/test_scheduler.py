@@ -249,3 +249,25 @@ def test_a_question_stopped_while_it_waits_never_runs(engines):
         assert scheduler.batch_sizes == {1: sum(scheduler.batch_sizes.values())}  # only the first ran
     finally:
         scheduler.close()
+
+
+def test_a_dropped_batched_step_is_freed_at_once(engines):
+    """A batched step the runner drops goes at once, not at the garbage collector's next run: its
+    buffers (gigabytes at a real model's shape) must not pile up as batch sizes change."""
+    import gc
+    import weakref
+
+    engine = engines["llada"]
+    runner = engine.runner
+    prepared = prepare_answer(runner, engine.tokenizer, _documents(engine, 1), "What is it?", _params())
+    request = next(decode_blocks(prepared.decoder, runner.cfg, prepared.sampling, prepared.generator, runner.device))
+    batch = StaticBatch(runner)
+    batch.slot_logits([request])
+    step = weakref.ref(batch._step)
+    gc.disable()
+    try:
+        batch.clear()
+        runner.kept_items("batched static step").clear()
+        assert step() is None
+    finally:
+        gc.enable()

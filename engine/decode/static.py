@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import attention_probs, full_mask
-from engine.cuda_graphs import GraphedCall
+from engine.cuda_graphs import ANSWER_GRAPHS, GraphedCall, kept_pool
 from engine.decode.loop import block_logits, slot_logits_from_rows
 from engine.decode.sampling import prediction_rows
 from engine.method.kv_cache import flatten_chunks, gather_kept_tokens, place_chunks
@@ -164,7 +164,7 @@ class StaticQueryPass:
         bos_keys = prefix_len + torch.arange(num_chunks, device=device) * chunk_keys
         self.layers = [_QuestionLayerCache(self.keys[layer], self.values[layer], self.valid, runner, bos_keys,
                                            self.row_weights, self.bos_mass[layer]) for layer in range(cfg.num_layers)]
-        self._call = GraphedCall(self._run, runner.uses_graphs, "question pass")
+        self._call = GraphedCall(self._run, runner.uses_graphs, "question pass", kept_pool(runner, ANSWER_GRAPHS))
 
     def _run(self) -> torch.Tensor | None:
         shifted = self.runner.cfg.logits_shifted
@@ -354,7 +354,7 @@ class _BatchedStep:
         self.logit_rows = (prediction_rows(torch.arange(1, block_length + 1), cfg.logits_shifted) - 1
                            ).clamp_min(0).to(device)
         self.members: list[FixedContext | None] = [None] * rows  # held: no new context can take their ids
-        self._call = GraphedCall(self._run, runner.uses_graphs, "batched decode step")
+        self._call = GraphedCall(self._run, runner.uses_graphs, "batched decode step", kept_pool(runner, ANSWER_GRAPHS))
 
     def _run(self) -> torch.Tensor:
         return self.runner.forward(self.ids, self.positions, full_mask(), past=self.layers,

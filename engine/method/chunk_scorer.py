@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from engine.attention import dense_mask, full_mask
-from engine.cuda_graphs import GraphedCall
+from engine.cuda_graphs import ANSWER_GRAPHS, GraphedCall, kept_pool
 from engine.decode.sampling import propose
 from engine.method.kv_cache import DocumentKV
 from engine.method.scoring import (
@@ -120,7 +120,8 @@ class DraftPass:
         slot_ids = torch.arange(slots, device=device)
         self.slot_ids = slot_ids
         self.block_rows = (slot_ids - 1).clamp_min(0) if cfg.logits_shifted else slot_ids
-        self._call = GraphedCall(self._run, use_graph, "draft")
+        # The draft's outputs are copied to the host at once: it shares the answer graphs' pool.
+        self._call = GraphedCall(self._run, use_graph, "draft", kept_pool(runner, ANSWER_GRAPHS))
 
     def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
         cfg, runner, device = self.runner.cfg, self.runner, self.ids.device
@@ -375,7 +376,7 @@ def kept_scoring_passes(runner: Runner, doc: DocumentKV, ranges: list[tuple[int,
         return [ScoringPass(runner, doc, start, end, shape, False) for start, end in ranges]
     use_graph = runner.uses_graphs and doc.keys.device == runner.device
     # The scoring graphs share one memory pool: each one's outputs are read before the next replays.
-    pool = runner.kept("scoring graph pool", None, 1, torch.cuda.graph_pool_handle) if use_graph else None
+    pool = kept_pool(runner, "scoring") if use_graph else None
     # At most MAX_SCORING_PASSES ranges, each kept last: none of this document's evicts another.
     return [runner.kept("scoring", (id(doc.keys), start, end, shape), MAX_SCORING_PASSES,
                         lambda start=start, end=end: ScoringPass(runner, doc, start, end, shape, use_graph, pool),

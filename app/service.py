@@ -28,6 +28,7 @@ import torch
 
 from app.defaults import BUNDLED_MODEL, ModelDefaults, answer_params, model_defaults, prefilter_for
 from app.ingest import IngestError, extract
+from app.jobs import JobProgress, progress_of
 from app.kv_service import DocumentKVService
 from app.prefilter import PREFILTER_ALL
 from app.viewer import (
@@ -284,7 +285,7 @@ class DocQA:
 
         def say(stage: str, frac: float, pages: tuple[int, int] | None = None,
                 chunks: tuple[int, int] | None = None) -> None:
-            if cancel.is_set():
+            if cancel.is_set() and stage != "ready":  # once stored it is added: too late to cancel
                 raise IngestError("cancelled", f"adding {name} was cancelled; nothing of it was kept")
             if progress is not None:
                 progress(stage, frac)
@@ -320,6 +321,11 @@ class DocQA:
 
     def jobs(self, active_only: bool = False) -> list[dict]:
         return self.store.jobs(active_only)
+
+    def ingest_progress(self, active_only: bool = True) -> list[JobProgress]:
+        """The ingests running now (or the latest ones), as pages and chunks done and time left."""
+        now = datetime.now(timezone.utc)
+        return [progress_of(row, now) for row in self.store.jobs(active_only)]
 
     def _ingest(self, data, name, password, chunk_size, say) -> tuple[DocumentInfo, bool]:
         doc_id = hashlib.sha256(data).hexdigest()
@@ -634,6 +640,8 @@ class DocQA:
                            "pages": _page_label(pages[ref.document], meta.page_start, meta.page_end),
                            "page_start": meta.page_start, "page_end": meta.page_end,
                            "char_start": meta.char_start, "char_end": meta.char_end,
+                           "document_pages": records[ref.document].page_count,
+                           "document_chars": records[ref.document].text_chars,
                            "selected": (ref.document, ref.chunk) in selected})
         citations = []
         for j, (ref, score) in enumerate(zip(tr.selected, tr.selected_scores, strict=True)):
@@ -644,7 +652,12 @@ class DocQA:
                                       _page_label(pages[ref.document], meta.page_start, meta.page_end), score,
                                       meta.text, kept, self._kept_words(meta.text, kept),
                                       meta.page_start, meta.page_end, meta.char_start, meta.char_end))
-        citations.sort(key=lambda c: -c.score)
+        # The anchors' rows follow the selection (document order); they are kept in the
+        # citations' order (best first), so that row i is citation i wherever they are shown.
+        anchor_rows = tr.anchors_decode.tolist() if tr.anchors_decode is not None else []
+        order = sorted(range(len(citations)), key=lambda i: -citations[i].score)
+        citations = [citations[i] for i in order]
+        anchors = [anchor_rows[i] for i in order] if len(anchor_rows) == len(order) else anchor_rows
         warning = None
         best = max(tr.selected_scores, default=float("-inf"))
         answer = res.text
@@ -654,7 +667,6 @@ class DocQA:
         elif self.weak_score is not None and best < self.weak_score:
             warning = ("The documents may not contain this: no passage explains the question well "
                        f"(best score {best:.2f}, below {self.weak_score:.2f}).")
-        anchors = tr.anchors_decode.tolist() if tr.anchors_decode is not None else []
         timings = {"load_kv": load_s, **tr.timings}
         return AskResult(answer, citations, warning, conversation_id, scores, anchors, timings, tr.steps)
 
@@ -800,7 +812,40 @@ class DocQA:
         return rendered
 
 
-def device_summary(service: DocQA) -> str:
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str  # the model folder's name
+    family: str  # "dream" | "llada"
+    parameters: int
+    device: str  # "NVIDIA H200 (cuda:0)", "CPU (AMD EPYC 9454)"
+    dtype: str  # "bfloat16", "float32"
+    bundled: bool  # the project's own docqa-tiny
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def model_info(service: DocQA) -> ModelInfo:
     dev = service.engine.device
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
-    return f"{Path(service.config.model_dir).name} on {name} ({service.engine.dtype})"
+    if dev.type == "cuda":
+        where = f"{torch.cuda.get_device_name(dev)} ({dev})"
+    else:
+        cpu = _cpu_name()
+        where = f"CPU ({cpu})" if cpu else "CPU"
+    folder = Path(service.config.model_dir)
+    bundled = folder.resolve() == BUNDLED_MODEL.resolve()
+    return ModelInfo(folder.name, service.engine.config.family,
+                     sum(p.numel() for p in service.engine.model.parameters()), where,
+                     str(service.engine.dtype).removeprefix("torch."), bundled)
+
+
+def device_summary(service: DocQA) -> str:
+    info = model_info(service)
+    return f"{info.name} on {info.device} ({info.dtype})"

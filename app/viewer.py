@@ -178,16 +178,6 @@ def part_count(text_len: int, size: int = TEXT_WINDOW) -> int:
     return max(1, -(-text_len // size))
 
 
-def context_window(text: str, span: tuple[int, int], context: int = TEXT_WINDOW // 2) -> tuple[int, int]:
-    """The chunk's span with up to `context` characters each side, widened to whole words."""
-    lo, hi = max(0, span[0] - context), min(len(text), span[1] + context)
-    while lo > 0 and not text[lo - 1].isspace() and span[0] - lo < context + 40:
-        lo -= 1
-    while hi < len(text) and not text[hi].isspace() and hi - span[1] < context + 40:
-        hi += 1
-    return lo, hi
-
-
 # ---- rendering ----------------------------------------------------------------------------------
 
 def render_pdf_page(path: Path, page_index: int, width_px: int = PAGE_WIDTH_PX, password: str | None = None,

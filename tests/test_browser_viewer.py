@@ -160,3 +160,51 @@ def test_citation_opens_the_page_with_the_passage_highlighted(tmp_path):
     finally:
         web.close()
         service.close()
+
+
+def long_pdf(pages: int) -> bytes:
+    from datetime import datetime, timezone
+
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    pdf.set_creation_date(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    pdf.set_font("Helvetica", size=10)
+    for p in range(pages):
+        pdf.add_page()
+        pdf.multi_cell(0, 5, f"Page {p + 1}. " + "The pilot boats reviewed the quay repairs with the crew. " * 14)
+    return bytes(pdf.output())
+
+
+def test_an_ingest_shows_one_progress_bar_and_can_be_cancelled(tmp_path):
+    """A long document being added shows in the library with its progress (pages, chunks, time
+    left) as one bar, and its Cancel button stops it: nothing of it stays."""
+    from playwright.sync_api import expect, sync_playwright
+
+    pdf = tmp_path / "long-report.pdf"
+    pdf.write_bytes(long_pdf(300))
+    service, web, url = launch(tmp_path / "data")
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url)
+            page.locator("#upload input[type=file]").set_input_files(str(pdf))
+            page.locator("#add-documents").click()
+            job = page.locator("#jobs .docqa-job")
+            expect(job).to_have_count(1, timeout=60_000)
+            expect(job.locator("progress")).to_have_count(1)
+            expect(job).to_contain_text("encoding chunk", timeout=60_000)
+            expect(job).to_contain_text("left", timeout=60_000)
+            expect(page.locator("#documents")).to_contain_text("being added")
+            assert page.locator("progress").count() == 1  # one bar an ingest, not one a panel
+            page.screenshot(path=str(Path(__file__).resolve().parents[1] / "test-artifacts" / "ingest.png"))
+            job.locator(".docqa-cancel").click()
+            expect(page.locator("#ingest-status")).to_contain_text("was cancelled", timeout=60_000)
+            expect(page.locator("#jobs .docqa-job")).to_have_count(0, timeout=10_000)
+            expect(page.locator("#documents")).not_to_contain_text("long-report.pdf")
+            browser.close()
+        assert service.documents(include_failed=True) == []
+    finally:
+        web.close()
+        service.close()

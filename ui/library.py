@@ -28,8 +28,8 @@ def documents_frame(service: DocQA) -> pd.DataFrame:
              round(d.kv_bytes / 2**20, 1),
              "ready" if d.record.status == "ready" else f"failed: {d.record.error} (add it again to retry)",
              d.record.id[:12]] for d in service.documents(include_failed=True)]
-    rows += [[j.name, j.pages_total or "", "", j.chunks_total or "", "no", "", f"being added: {describe(j)}", ""]
-             for j in service.ingest_progress()]
+    rows += [[j.name, j.pages_total or "", "", j.chunks_total or "", "no", "",
+              f"being added ({100 * j.fraction:.0f}%)", ""] for j in service.ingest_progress()]
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

@@ -22,6 +22,8 @@ from ui.settings import SettingsInputs, to_params
 
 logger = logging.getLogger(__name__)
 
+FAILED = "failed"  # `last` after a question that joined the chat and failed there
+
 # A click on a source chip (anything carrying data-cite) asks for that citation of the answer shown.
 SOURCE_CLICKS = """
 element.addEventListener('click', (e) => {
@@ -45,7 +47,7 @@ def build(service: DocQA, model_note: str):
             ask = gr.Button("Ask", variant="primary", elem_id="ask")
         with gr.Column(scale=2):
             viewer_parts = viewer.build()
-    answers = gr.State([])  # AskResult per answer of the chat, in order
+    answers = gr.State([])  # AskResult per answer of the chat, in order (None: a failed question)
     shown = gr.State(-1)  # the answer whose sources and Inspect view are shown
     return conversation, new, chatbot, sources, question, ask, answers, shown, viewer_parts
 
@@ -138,6 +140,8 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
     running = RunningQuestions()
 
     def answer(request: gr.Request, q, history, doc_ids, conv_id, *setting_values):
+        # `last` first goes to None: a question refused below adds no answer to the chat.
+        yield gr.update(), gr.update(), None, gr.update()
         if not q or not q.strip():
             raise gr.Error("Type a question first.")
         doc_ids = list(doc_ids or []) or [d.record.id for d in service.documents()]  # none chosen: the library
@@ -153,6 +157,7 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
         yield history, gr.update(), None, ""
         session = getattr(request, "session_hash", None) or ""
         cancel = running.start(session)
+        failure = None
         try:
             events = service.ask(q, list(doc_ids), params, conversation_id=conv_id or None, chunk_size=chunk_size,
                                  cancel=cancel)
@@ -166,16 +171,19 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
                     yield (history, gr.update(choices=conversation_choices(service), value=r.conversation_id or None),
                            r, "")
         except (ValueError, QuestionStopped, ServiceBusy, StorageError) as exc:
-            raise gr.Error(str(exc)) from None
-        except gr.Error:
-            raise
+            failure = str(exc)
         except Exception as exc:  # a sentence in the page; the traceback goes to the server log only
             logger.exception("answering %r failed", q)
-            raise gr.Error(f"The question could not be answered (an internal error: {type(exc).__name__}); "
-                           "see the server log.") from None
+            failure = (f"the question could not be answered (an internal error: {type(exc).__name__}; "
+                       "see the server log)")
         finally:  # also when Gradio closes this generator (the client went away)
             cancel.set()
             running.finish(session, cancel)
+        if failure is not None:
+            # The chat says why in place of the answer (the question stays in the box, to ask again).
+            history[-1] = {"role": "assistant", "content": f"**Not answered:** {html.escape(failure)}"}
+            yield history, gr.update(), FAILED, q
+            raise gr.Error(failure)
 
     last = gr.State(None)  # the answer just given, until it joins `answers`
 
@@ -191,8 +199,10 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
     answer_outputs = [shown, sources, *inspect_parts, *viewer_outputs]
 
     def add_answer(results, result, history):
-        if result is None:  # the question failed: nothing to add
+        if result is None:  # the question was refused before it joined the chat: nothing to add
             return (results, *[gr.update()] * len(answer_outputs))
+        if result == FAILED:  # its place in the chat holds the reason; no sources to show
+            return ([*results, None], *[gr.update()] * len(answer_outputs))
         results = [*results, result]
         return (results, *show_answer(results, len(results) - 1, history))
 
@@ -201,7 +211,7 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
     # The answer's sources, Inspect view and first source follow once it is given (`last`).
     for trigger, extra in ((ask.click, {"api_name": "ask", "concurrency_limit": 1}),
                            (question.submit, {"api_visibility": "private"})):
-        trigger(answer, inputs, outputs, concurrency_id="model", **extra).success(
+        trigger(answer, inputs, outputs, concurrency_id="model", **extra).then(
             add_answer, [answers, last, chatbot], [answers, *answer_outputs], api_visibility="private")
 
     def pick_answer(results, history, evt: gr.SelectData):

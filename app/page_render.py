@@ -37,7 +37,7 @@ def render(path: str, page_index: int, width_px: int, password: str | None) -> d
             return {"ok": False, "code": "out_of_range",
                     "message": f"page {page_index + 1} does not exist: the document has {count} pages"}
         page = pdf[page_index]
-        width_pt, height_pt = page.get_width(), page.get_height()
+        width_pt, height_pt, rotation = page.get_width(), page.get_height(), page.get_rotation()
         textpage = page.get_textpage()
         n = textpage.count_chars()
         # One character per index: PDFium's text is indexed by character, generated spaces and
@@ -45,11 +45,13 @@ def render(path: str, page_index: int, width_px: int, password: str | None) -> d
         text = "".join(chr(pdfium.raw.FPDFText_GetUnicode(textpage.raw, i)) for i in range(n))
         boxes = [list(textpage.get_charbox(i)) for i in range(n)]
         scale = max(0.5, min(4.0, width_px / max(width_pt, 1.0)))
-        image = page.render(scale=scale).to_pil()
+        bitmap = page.render(scale=scale)
         out = io.BytesIO()
-        image.save(out, format="PNG", optimize=False)
+        bitmap.to_pil().save(out, format="PNG", optimize=False)
+        for handle in (bitmap, textpage, page):  # children before the document, as PDFium wants
+            handle.close()
         return {"ok": True, "page_count": count, "width_pt": width_pt, "height_pt": height_pt,
-                "rotation": page.get_rotation(), "text": text, "boxes": boxes,
+                "rotation": rotation, "text": text, "boxes": boxes,
                 "png": base64.b64encode(out.getvalue()).decode("ascii")}
     except pdfium.PdfiumError as exc:
         return {"ok": False, "code": "corrupt", "message": f"page {page_index + 1} cannot be drawn ({exc})"}

@@ -135,6 +135,20 @@ def test_citation_opens_the_page_with_the_passage_highlighted(tmp_path):
             page.locator('#relevance .docqa-bar[data-selected="1"]').first.click()
             expect(page.locator("#viewer-title")).to_contain_text("Highlighted:")
             expect(page.locator("#docqa-page-image")).to_be_visible()
+
+            # With a token budget (B > 0) the words are shaded by the share of layers and heads
+            # that kept them: the shades differ from word to word.
+            page.get_by_role("tab", name="Settings").click()
+            page.get_by_label("B tokens per chunk (0 = all)").fill("16")
+            page.get_by_role("tab", name="Chat").click()
+            page.locator("#question textarea").fill(QUESTION)
+            page.locator("#ask").click()
+            expect(page.locator("#chatbot em", has_text="Sources:")).to_have_count(2, timeout=300_000)
+            page.get_by_role("tab", name="Inspect").click()
+            expect(page.locator("#chosen-chunks")).to_contain_text("Darker: more layers and heads", timeout=60_000)
+            heats = page.locator("#chosen-chunks .docqa-word").evaluate_all("ws => ws.map(w => w.dataset.heat)")
+            assert len({h for h in heats if h}) > 2, heats
+            page.get_by_role("tab", name="Chat").click()
             browser.close()
     finally:
         web.close()

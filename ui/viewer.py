@@ -55,9 +55,10 @@ def build():
         title = gr.Markdown(HINT, elem_id="viewer-title")
         page = gr.HTML("", elem_id="viewer", js_on_load=None)
         with gr.Row(equal_height=True):
-            prev = gr.Button("Previous page", elem_id="viewer-prev", size="sm")
-            number = gr.Number(label="Go to page", precision=0, minimum=1, elem_id="viewer-page", scale=1)
-            nxt = gr.Button("Next page", elem_id="viewer-next", size="sm")
+            prev = gr.Button("Previous page", elem_id="viewer-prev", size="sm", min_width=90, scale=1)
+            number = gr.Number(label="Go to page", precision=0, minimum=1, elem_id="viewer-page", min_width=90,
+                               scale=1)
+            nxt = gr.Button("Next page", elem_id="viewer-next", size="sm", min_width=90, scale=1)
     state = gr.State(None)
     return title, page, prev, number, nxt, state
 

@@ -704,7 +704,7 @@ class DocQA:
         for m in self.messages(conversation_id):
             citations = [self._stored_citation(c, m.documents) for c in m.selected_chunks]
             out.append((m.question, AskResult(m.answer, [c for c in citations if c is not None], m.warning,
-                                              conversation_id, m.scores, m.anchors, m.timings, 0, cached=True)))
+                                              conversation_id, m.scores, m.anchors, m.timings, 0)))
         return out
 
     def _stored_citation(self, c: dict, document_ids: list[str]) -> Citation | None:

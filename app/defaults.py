@@ -40,6 +40,33 @@ class ModelDefaults:
     weak_score: float | None = None
 
 
+# What each default does, in a sentence a user reads (the Settings tab lists them with their values).
+FIELD_HELP: dict[str, str] = {
+    "chunk_size": "Tokens per chunk C (BOS included). Each chunk is encoded once, alone; a change re-encodes "
+                  "every document.",
+    "top_k": "How many chunks the answer is decoded over (at most; the margin and coverage rules may keep fewer).",
+    "auto_k": "Whether K is chosen per question instead of fixed.",
+    "score_margin": "Keep only chunks scoring within this many nats of the best (off: 0 or empty).",
+    "coverage_gain": "Also keep a chunk when it explains more of the question's tokens by at least this many nats "
+                     "a token (off: 0 or empty).",
+    "token_budget": "Tokens kept per chosen chunk and per layer and head, the most attended (B; 0 keeps all).",
+    "scorer": "How chunks are scored: how well each explains the question (and a short draft answer).",
+    "llada_folds": "Masked-likelihood folds per chunk score for models without shifted logits (LLaDA family).",
+    "gen_length": "Answer length in tokens (the canvas that is denoised); the answer stops at its end token.",
+    "block_length": "Tokens denoised together, block after block.",
+    "decoder": "The denoising rule: 'threshold' commits every slot whose confidence passes the threshold.",
+    "threshold": "Confidence a slot needs to be committed in a step (at least one is committed each step).",
+    "kv_mode": "'static' decodes over the cached chunk KV as stored; 'joint' re-encodes the chosen chunks "
+               "with the question first (slower, for models not trained on chunks).",
+    "position_mode": "Where chosen chunks are placed: 'continuous' one after another, 'reuse' at their stored "
+                     "positions, 'absolute' at their place in the document.",
+    "prefilter_chunks": "Chunks the scorer sees: the best by BM25 keyword search (0: every chunk).",
+    "prefilter_chunks_cpu": "The same on a CPU, where each scored chunk costs more time.",
+    "bm25_weight": "Nats the best keyword match adds to its chunk's score before selection (0: the scorer alone).",
+    "weak_score": "Below this best score (nats) the answer warns that the documents may not contain it.",
+}
+
+
 def model_defaults(folder: Path | None) -> ModelDefaults:
     """The model's recommended settings (docqa.json), falling back to the method's defaults."""
     if folder is None or not (Path(folder) / "docqa.json").exists():

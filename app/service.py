@@ -18,16 +18,31 @@ import re
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from app.defaults import BUNDLED_MODEL, ModelDefaults, answer_params, model_defaults, prefilter_for
 from app.ingest import IngestError, extract
+from app.jobs import JobProgress, progress_of
 from app.kv_service import DocumentKVService
 from app.prefilter import PREFILTER_ALL
+from app.viewer import (
+    MIN_PLACED,
+    TEXT_WINDOW,
+    PageView,
+    ViewerError,
+    outline,
+    part_count,
+    passage_runs,
+    render_pdf_page,
+    spans_on_pages,
+    text_part,
+)
 from engine import AnswerParams, AnswerResult, DocumentKV, Engine
 from engine.decode.loop import DecodeStep
 from engine.engine import resolve_device
@@ -94,6 +109,7 @@ class ServiceBusy(RuntimeError):
     asker should try again shortly (HTTP 429 on the API)."""
 
 
+RENDERED_PAGES_KEPT = 16  # page images the viewer keeps in memory (about 100 KB each)
 UPLOAD_TEMP = "tmp"  # the app's own temporary folder in the data folder (the web UI's uploads)
 STALE_UPLOAD_S = 3600.0  # uploads left there longer than this (by a killed server) are removed at start
 
@@ -119,6 +135,12 @@ class Citation:
     # The text as words, each with the largest share of (layer, head) pairs that kept one of its tokens
     # (0-1; None when the selection kept every token): what the Inspect view shades.
     kept_words: list[tuple[str, float | None]] = field(default_factory=list)
+    # Where the chunk lies, for the document viewer: physical page indices (inclusive) and its
+    # character span in the document's extracted text (-1: not known, an answer stored before).
+    page_start: int = -1
+    page_end: int = -1
+    char_start: int = -1
+    char_end: int = -1
 
 
 @dataclass(frozen=True)
@@ -145,7 +167,11 @@ class AskEvent:
 # The bundled model answers this when the documents do not hold the fact (training.relations.NOT_FOUND);
 # the app shows it as a warning, never as an answer.
 NOT_FOUND_ANSWER = "not found"
-ANSWER_MEMO = "answer-v2"  # {"document_ids": [...], "result": AskResult as JSON}
+ANSWER_MEMO = "answer-v3"  # {"document_ids": [...], "result": AskResult as JSON}
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
 def _page_label(pages: list, start: int, end: int) -> str:
@@ -232,6 +258,10 @@ class DocQA:
             self.upload_dir.mkdir(exist_ok=True)
             self._remove_stale_uploads()
         self.weak_score = config.weak_score if config.weak_score is not None else self.defaults.weak_score
+        self._jobs_lock = threading.Lock()
+        self._job_cancels: dict[int, threading.Event] = {}  # running ingests of this process, by job id
+        self._pages_lock = threading.Lock()
+        self._rendered: OrderedDict[tuple[str, int], dict] = OrderedDict()  # the last pages drawn
 
     # ---- documents -------------------------------------------------------------------------------
 
@@ -240,25 +270,38 @@ class DocQA:
         return self.store.read_only
 
     def ingest(self, data: bytes, name: str, password: str | None = None, chunk_size: int | None = None,
-               progress: Callable[[str, float], None] | None = None) -> tuple[DocumentInfo, bool]:
+               progress: Callable[[str, float], None] | None = None,
+               cancel: threading.Event | None = None) -> tuple[DocumentInfo, bool]:
         """Extracts, stores and prefills a file. Returns (info, added); an identical file already
         stored is not added twice. Raises IngestError with a clear message; a file that fails at
         any stage (unreadable, a full disk, an interrupted prefill) leaves nothing in the library.
-        Progress goes to `progress` and to the jobs table (visible after a page refresh)."""
+        Progress goes to `progress` and to the jobs table (visible after a page refresh), in pages
+        and chunks. Setting `cancel` (or `cancel_job` with this job's id) stops the ingest at its
+        next page or chunk batch: IngestError "cancelled", nothing of the file kept."""
         name = Path(name).name or "document"
         try:
             job = self.store.start_job(name)
         except StorageError as exc:
             raise IngestError("read_only" if self.read_only else "storage", f"{name} cannot be added: {exc}") from None
-        last = [0.0]
+        cancel = cancel or threading.Event()
+        with self._jobs_lock:
+            self._job_cancels[job] = cancel
+        last, phase = [0.0], [""]
 
-        def say(stage: str, frac: float) -> None:
+        def say(stage: str, frac: float, pages: tuple[int, int] | None = None,
+                chunks: tuple[int, int] | None = None) -> None:
+            if cancel.is_set() and stage != "ready":  # once stored it is added: too late to cancel
+                raise IngestError("cancelled", f"adding {name} was cancelled; nothing of it was kept")
             if progress is not None:
                 progress(stage, frac)
+            began = None
+            if stage.split()[0] != phase[0]:  # a new stage: its rate (and so the time left) starts anew
+                phase[0] = stage.split()[0]
+                began = _utc_now()
             now = time.monotonic()
-            if now - last[0] > 0.5 or frac >= 1.0:
+            if now - last[0] > 0.5 or frac >= 1.0 or began is not None:
                 last[0] = now
-                self.store.update_job(job, stage, frac)
+                self.store.update_job(job, stage, frac, pages=pages, chunks=chunks, stage_started_at=began)
 
         try:
             with self.store.writing():  # a document 'ingesting' here is not another process's debris
@@ -266,11 +309,28 @@ class DocQA:
         except BaseException as exc:
             self.store.finish_job(job, str(exc) or type(exc).__name__)
             raise
+        finally:
+            with self._jobs_lock:
+                self._job_cancels.pop(job, None)
         self.store.finish_job(job)
         return result
 
+    def cancel_job(self, job_id: int) -> bool:
+        """Asks the running ingest `job_id` of this service to stop; False when none runs by that id."""
+        with self._jobs_lock:
+            event = self._job_cancels.get(int(job_id))
+        if event is None:
+            return False
+        event.set()
+        return True
+
     def jobs(self, active_only: bool = False) -> list[dict]:
         return self.store.jobs(active_only)
+
+    def ingest_progress(self, active_only: bool = True) -> list[JobProgress]:
+        """The ingests running now (or the latest ones), as pages and chunks done and time left."""
+        now = datetime.now(timezone.utc)
+        return [progress_of(row, now) for row in self.store.jobs(active_only)]
 
     def _ingest(self, data, name, password, chunk_size, say) -> tuple[DocumentInfo, bool]:
         doc_id = hashlib.sha256(data).hexdigest()
@@ -286,7 +346,8 @@ class DocQA:
             remember = False
             if entry is None:
                 doc = extract(data, name, self.config.max_upload_bytes, password, self.config.extract_timeout_s,
-                              lambda done, total: say(f"extracting page {done}/{total}", 0.5 * done / total))
+                              lambda done, total: say(f"extracting page {done}/{total}", 0.5 * done / total,
+                                                      pages=(done, total)))
                 entry = {"text": doc.text, "pages": [asdict(p) for p in doc.pages], "mime": doc.mime}
                 remember = not doc.encrypted  # an encrypted PDF's text is never kept where no password guards it
             page_spans = [PageSpan(**p) for p in entry["pages"]]
@@ -308,8 +369,10 @@ class DocQA:
         size = chunk_size or self.defaults.chunk_size
         say("encoding", 0.5)
         try:
+            pages = (record.page_count, record.page_count)
             self.kv.ensure_stored(doc_id, size, lambda done, total: say(
-                f"encoding chunk {done}/{total}", 0.5 + 0.5 * done / max(total, 1)))
+                f"encoding chunk {done}/{total}", 0.5 + 0.5 * done / max(total, 1), pages=pages,
+                chunks=(done, total)))
         except StorageError as exc:
             if created:  # a new document that cannot be stored whole is not kept at all
                 self._discard(doc_id)
@@ -577,8 +640,13 @@ class DocQA:
         for ref, score, prior in zip(tr.candidates, tr.scores, priors, strict=True):
             ordinal = candidates[ref.document][ref.chunk]
             meta = chunk_meta[ref.document][ordinal]
-            scores.append({"document": records[ref.document].name, "chunk": ordinal, "score": score, "bm25": prior,
+            scores.append({"document": records[ref.document].name, "document_id": records[ref.document].id,
+                           "chunk": ordinal, "score": score, "bm25": prior,
                            "pages": _page_label(pages[ref.document], meta.page_start, meta.page_end),
+                           "page_start": meta.page_start, "page_end": meta.page_end,
+                           "char_start": meta.char_start, "char_end": meta.char_end,
+                           "document_pages": records[ref.document].page_count,
+                           "document_chars": records[ref.document].text_chars,
                            "selected": (ref.document, ref.chunk) in selected})
         citations = []
         for j, (ref, score) in enumerate(zip(tr.selected, tr.selected_scores, strict=True)):
@@ -587,8 +655,14 @@ class DocQA:
             kept = tr.kept_tokens[j] if j < len(tr.kept_tokens) else []
             citations.append(Citation(records[ref.document].id, records[ref.document].name, ordinal,
                                       _page_label(pages[ref.document], meta.page_start, meta.page_end), score,
-                                      meta.text, kept, self._kept_words(meta.text, kept)))
-        citations.sort(key=lambda c: -c.score)
+                                      meta.text, kept, self._kept_words(meta.text, kept),
+                                      meta.page_start, meta.page_end, meta.char_start, meta.char_end))
+        # The anchors' rows follow the selection (document order); they are kept in the
+        # citations' order (best first), so that row i is citation i wherever they are shown.
+        anchor_rows = tr.anchors_decode.tolist() if tr.anchors_decode is not None else []
+        order = sorted(range(len(citations)), key=lambda i: -citations[i].score)
+        citations = [citations[i] for i in order]
+        anchors = [anchor_rows[i] for i in order] if len(anchor_rows) == len(order) else anchor_rows
         warning = None
         best = max(tr.selected_scores, default=float("-inf"))
         answer = res.text
@@ -598,17 +672,18 @@ class DocQA:
         elif self.weak_score is not None and best < self.weak_score:
             warning = ("The documents may not contain this: no passage explains the question well "
                        f"(best score {best:.2f}, below {self.weak_score:.2f}).")
-        anchors = tr.anchors_decode.tolist() if tr.anchors_decode is not None else []
         timings = {"load_kv": load_s, **tr.timings}
         return AskResult(answer, citations, warning, conversation_id, scores, anchors, timings, tr.steps)
 
     def _record(self, result: AskResult, question: str, document_ids: list[str], params: AnswerParams) -> None:
         if self.read_only or not result.conversation_id:  # a read-only library keeps no history
             return
+        # Each citation whole but its per-slot counts (the words carry their shading), so the
+        # answer's sources and Inspect view reopen from the history, also after a restart.
+        cites = [{k: v for k, v in asdict(c).items() if k != "kept_tokens"} for c in result.citations]
         self.store.add_message(
             result.conversation_id, question, result.answer, document_ids, json.loads(json.dumps(asdict(params))),
-            [{"document": c.document, "chunk": c.chunk, "pages": c.pages, "score": c.score} for c in result.citations],
-            result.timings)
+            cites, result.timings, warning=result.warning, scores=result.scores, anchors=result.anchors)
 
     @staticmethod
     def _result_to_json(result: AskResult) -> dict:
@@ -626,8 +701,156 @@ class DocQA:
     def messages(self, conversation_id: str):
         return self.store.messages(conversation_id)
 
+    def stored_results(self, conversation_id: str) -> list[tuple[str, AskResult]]:
+        """A conversation's questions with their answers as results, as the chat and the Inspect
+        view show them again after a restart. Answers stored before citations kept their spans
+        find them from the document's chunks where it is still in the library."""
+        out = []
+        for m in self.messages(conversation_id):
+            citations = [self._stored_citation(c, m.documents) for c in m.selected_chunks]
+            out.append((m.question, AskResult(m.answer, [c for c in citations if c is not None], m.warning,
+                                              conversation_id, m.scores, m.anchors, m.timings, 0)))
+        return out
+
+    def _stored_citation(self, c: dict, document_ids: list[str]) -> Citation | None:
+        known = {f.name for f in fields(Citation)}
+        c = {k: v for k, v in c.items() if k in known}
+        c.setdefault("text", "")
+        c["kept_words"] = [tuple(w) for w in c.get("kept_words", [])]
+        if "document_id" not in c:  # stored before citations carried their document's id and span
+            match = [r for r in (self.store.get_document(d) for d in document_ids) if r and r.name == c["document"]]
+            if not match:
+                return Citation("", c["document"], int(c.get("chunk", 0)), str(c.get("pages", "")),
+                                float(c.get("score", 0.0)), "")
+            c["document_id"] = match[0].id
+            chunks = self.kv.chunks(match[0].id, self.defaults.chunk_size)
+            if 0 <= c.get("chunk", -1) < len(chunks):
+                meta = chunks[c["chunk"]]
+                c.update(text=meta.text, page_start=meta.page_start, page_end=meta.page_end,
+                         char_start=meta.char_start, char_end=meta.char_end)
+        return Citation(**c)
+
+    # ---- the document viewer ---------------------------------------------------------------------
+
+    def view(self, document_id: str, page: int | None = None, span: tuple[int, int] | None = None) -> PageView:
+        """One page of a document, with the part of `span` (a chunk's character span in the
+        document's text) that lies on it highlighted: a PDF page as an image with the passage's
+        lines boxed, a text document's part as text with the passage marked. `page` is the
+        physical page (text: the part) from 0; None: the first page the span touches. Raises
+        ViewerError with a clear message (no such document or page)."""
+        record = self.store.get_document(document_id) if document_id else None
+        if record is None or record.status != "ready":
+            raise ViewerError("missing", "this document is no longer in the library")
+        try:
+            text, pages = self.store.document_text(document_id), self.store.pages(document_id)
+        except StorageError as exc:
+            raise ViewerError("missing", str(exc)) from None
+        span = span if span is not None and 0 <= span[0] < span[1] <= len(text) else None
+        if record.mime != "application/pdf":
+            return self._view_text(record, text, page, span)
+        on_pages = spans_on_pages(*span, pages) if span else {}
+        if page is None:
+            page = min(on_pages, default=0)
+        if not 0 <= page < len(pages):
+            raise ViewerError("out_of_range", f"page {page + 1} does not exist: {record.name} has {len(pages)} pages")
+        return self._view_pdf_page(record, text, pages, page, on_pages)
+
+    def _view_text(self, record: DocumentRecord, text: str, part: int | None, span) -> PageView:
+        count = part_count(len(text))
+        if part is None:
+            part = span[0] // TEXT_WINDOW if span else 0
+        if not 0 <= part < count:
+            raise ViewerError("out_of_range",
+                              f"part {part + 1} does not exist: {record.name} is shown in {count} parts")
+        lo, hi = text_part(len(text), part)
+        if span and span[0] < hi and span[1] > lo:  # the passage whole, where it starts in this part
+            lo, hi = min(lo, span[0]), max(hi, span[1])
+        return PageView(record.id, record.name, "text", part, count, f"part {part + 1} of {count}",
+                        passage=passage_runs(text, (lo, hi), [span] if span else []))
+
+    def _view_pdf_page(self, record: DocumentRecord, text: str, pages: list[PageSpan], page: int,
+                       on_pages: dict[int, tuple[int, int]]) -> PageView:
+        p = pages[page]
+        label = p.label or str(page + 1)
+        page_text = text[p.char_start:p.char_end]
+        local = on_pages.get(page)
+        marks = [(p.char_start + local[0], p.char_start + local[1])] if local else []
+        elsewhere = sorted(i for i in on_pages if i != page)
+        more = (f" The passage continues on page {', '.join(pages[i].label for i in elsewhere)}." if elsewhere
+                else "")
+        as_text = passage_runs(text, (p.char_start, p.char_end), marks)
+        try:
+            rendered = self._rendered_page(record.id, page)
+        except ViewerError as exc:  # no image (encrypted, damaged for PDFium): the page's text instead
+            return PageView(record.id, record.name, "text", page, len(pages), label, passage=as_text,
+                            note=f"The page image cannot be shown: {exc}. Its text is shown instead.{more}")
+        if local is None:
+            return PageView(record.id, record.name, "pdf", page, len(pages), label, rendered["png"],
+                            note=(f"The cited passage is on page {', '.join(pages[i].label for i in elsewhere)}."
+                                  if elsewhere else ""))
+        if rendered["rotation"]:
+            return PageView(record.id, record.name, "pdf", page, len(pages), label, rendered["png"], passage=as_text,
+                            note=f"This page is rotated; the cited passage is marked in its text below.{more}")
+        boxes, share = outline(page_text, local, rendered)
+        if share < MIN_PLACED or not boxes:
+            return PageView(record.id, record.name, "pdf", page, len(pages), label, rendered["png"], passage=as_text,
+                            note="The cited passage could not be placed on the page image exactly; it is marked "
+                                 f"in the page's text below.{more}")
+        return PageView(record.id, record.name, "pdf", page, len(pages), label, rendered["png"], boxes,
+                        note=more.strip())
+
+    def _rendered_page(self, doc_id: str, page: int) -> dict:
+        """The page drawn by PDFium, the last few kept in memory (paging back and forth is instant)."""
+        key = (doc_id, page)
+        with self._pages_lock:
+            if key in self._rendered:
+                self._rendered.move_to_end(key)
+                return self._rendered[key]
+        originals = [p for p in self.store.uploads_of(doc_id) if p.suffix.lower() == ".pdf"]
+        if not originals:
+            raise ViewerError("missing", "the original PDF is not in the data folder")
+        rendered = render_pdf_page(originals[0], page)
+        with self._pages_lock:
+            self._rendered[key] = rendered
+            while len(self._rendered) > RENDERED_PAGES_KEPT:
+                self._rendered.popitem(last=False)
+        return rendered
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str  # the model folder's name
+    family: str  # "dream" | "llada"
+    parameters: int
+    device: str  # "NVIDIA H200 (cuda:0)", "CPU (AMD EPYC 9454)"
+    dtype: str  # "bfloat16", "float32"
+    bundled: bool  # the project's own docqa-tiny
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def model_info(service: DocQA) -> ModelInfo:
+    dev = service.engine.device
+    if dev.type == "cuda":
+        where = f"{torch.cuda.get_device_name(dev)} ({dev})"
+    else:
+        cpu = _cpu_name()
+        where = f"CPU ({cpu})" if cpu else "CPU"
+    folder = Path(service.config.model_dir)
+    bundled = folder.resolve() == BUNDLED_MODEL.resolve()
+    return ModelInfo(folder.name, service.engine.config.family,
+                     sum(p.numel() for p in service.engine.model.parameters()), where,
+                     str(service.engine.dtype).removeprefix("torch."), bundled)
+
 
 def device_summary(service: DocQA) -> str:
-    dev = service.engine.device
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
-    return f"{Path(service.config.model_dir).name} on {name} ({service.engine.dtype})"
+    info = model_info(service)
+    return f"{info.name} on {info.device} ({info.dtype})"

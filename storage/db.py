@@ -267,3 +267,22 @@ def m006_chunk_index(db: Database) -> None:
                "INSERT INTO chunk_index (rowid, text) VALUES (new.id, new.text); END")
     db.execute("CREATE TRIGGER chunks_unindexed AFTER DELETE ON chunks BEGIN "
                "INSERT INTO chunk_index (chunk_index, rowid, text) VALUES ('delete', old.id, old.text); END")
+
+
+@migrations()
+def m007_answer_details(db: Database) -> None:
+    """What an answer showed besides its text and sources, so that a conversation reopened after a
+    restart shows it again: the warning ("not found"), every candidate chunk's score (the relevance
+    plot) and the BOS-anchor attention of the chosen chunks. Older answers get none."""
+    db.execute("ALTER TABLE messages ADD COLUMN warning TEXT")
+    db.execute("ALTER TABLE messages ADD COLUMN scores TEXT NOT NULL DEFAULT '[]'")   # JSON list of dicts
+    db.execute("ALTER TABLE messages ADD COLUMN anchors TEXT NOT NULL DEFAULT '[]'")  # JSON [chunk][layer]
+
+
+@migrations()
+def m008_job_counts(db: Database) -> None:
+    """An ingest's progress in pages and chunks (done of total) and when its current stage began,
+    so the library can show "page 12 of 60", "chunk 3 of 40" and the time left."""
+    for column in ("pages_done", "pages_total", "chunks_done", "chunks_total"):
+        db.execute(f"ALTER TABLE jobs ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE jobs ADD COLUMN stage_started_at TEXT")

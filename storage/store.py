@@ -29,7 +29,7 @@ import sqlite3
 import threading
 import uuid
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -158,6 +158,9 @@ class MessageRecord:
     selected_chunks: list[dict]
     timings: dict
     created_at: str
+    warning: str | None = None
+    scores: list[dict] = field(default_factory=list)  # every candidate chunk (the relevance plot)
+    anchors: list[list[float]] = field(default_factory=list)  # [chosen chunk][layer]
 
 
 def write_atomically(path: Path, data: bytes | str) -> None:
@@ -704,10 +707,19 @@ class DocumentStore:
             return self.db["jobs"].insert({"name": name, "stage": "queued", "fraction": 0.0, "state": "running",
                                            "error": None, "started_at": now, "updated_at": now}).last_pk
 
-    def update_job(self, job_id: int, stage: str, fraction: float) -> None:
+    def update_job(self, job_id: int, stage: str, fraction: float, pages: tuple[int, int] | None = None,
+                   chunks: tuple[int, int] | None = None, stage_started_at: str | None = None) -> None:
+        """The job's stage and fraction done; `pages` and `chunks` as (done, total) when known."""
+        sets, args = ["stage = ?", "fraction = ?", "updated_at = ?"], [stage, float(fraction), _now()]
+        for names, value in ((("pages_done", "pages_total"), pages), (("chunks_done", "chunks_total"), chunks)):
+            if value is not None:
+                sets += [f"{names[0]} = ?", f"{names[1]} = ?"]
+                args += [int(value[0]), int(value[1])]
+        if stage_started_at is not None:
+            sets.append("stage_started_at = ?")
+            args.append(stage_started_at)
         with self.transaction():
-            self.db.execute("UPDATE jobs SET stage = ?, fraction = ?, updated_at = ? WHERE id = ?",
-                            [stage, float(fraction), _now(), job_id])
+            self.db.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", [*args, job_id])
 
     def finish_job(self, job_id: int, error: str | None = None) -> None:
         with self.transaction():
@@ -760,14 +772,16 @@ class DocumentStore:
         return list(self.db.query("SELECT * FROM conversations ORDER BY updated_at DESC"))
 
     def add_message(self, conversation_id: str, question: str, answer: str, documents: list[str], params: dict,
-                    selected_chunks: list[dict], timings: dict) -> int:
+                    selected_chunks: list[dict], timings: dict, warning: str | None = None,
+                    scores: list[dict] | None = None, anchors: list[list[float]] | None = None) -> int:
         now = _now()
         with self.transaction():
             msg_id = self.db["messages"].insert({
                 "conversation_id": conversation_id, "question": question, "answer": answer,
                 "documents": json.dumps(documents), "params": json.dumps(params),
                 "selected_chunks": json.dumps(selected_chunks), "timings": json.dumps(timings),
-                "created_at": now}).last_pk
+                "created_at": now, "warning": warning, "scores": json.dumps(scores or []),
+                "anchors": json.dumps(anchors or [])}).last_pk
             self.db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", [now, conversation_id])
         return msg_id
 
@@ -776,6 +790,7 @@ class DocumentStore:
         for r in self.db.query("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", [conversation_id]):
             out.append(MessageRecord(r["id"], r["conversation_id"], r["question"], r["answer"],
                                      json.loads(r["documents"]), json.loads(r["params"]),
-                                     json.loads(r["selected_chunks"]), json.loads(r["timings"]), r["created_at"]))
+                                     json.loads(r["selected_chunks"]), json.loads(r["timings"]), r["created_at"],
+                                     r["warning"], json.loads(r["scores"]), json.loads(r["anchors"])))
         return out
 

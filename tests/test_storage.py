@@ -70,11 +70,40 @@ def test_migrations_apply_to_an_empty_database(tmp_path):
     assert {"documents", "pages", "kv_caches", "kv_files", "chunks", "conversations", "messages"} <= set(
         db.table_names())
     assert [m.name for m in migrations.applied(db)] == ["m001_initial", "m002_jobs", "m003_collections",
-                                                        "m004_kv_chunking", "m005_deletions", "m006_chunk_index"]
+                                                        "m004_kv_chunking", "m005_deletions", "m006_chunk_index",
+                                                        "m007_answer_details", "m008_job_counts"]
     assert db.journal_mode == "wal"
     assert next(db.query("PRAGMA foreign_keys"))["foreign_keys"] == 1
     again = connect(tmp_path / "x.sqlite")
     assert [m.name for m in migrations.pending(again)] == []
+
+
+def test_answers_and_jobs_stored_before_migration_7_read_with_empty_details(tmp_path):
+    """A library from before answers kept their scores and anchors, and jobs their counts, opens
+    with its conversations and jobs whole: the new columns read as none."""
+    import sqlite3
+
+    from sqlite_utils import Database
+
+    (tmp_path / "lib").mkdir()
+    path = tmp_path / "lib" / "docqa.sqlite"
+    old = Database(sqlite3.connect(str(path)))
+    migrations.apply(old, stop_before="m007_answer_details")
+    old.execute("INSERT INTO conversations VALUES ('c1', 'old', '2026-01-01', '2026-01-01')")
+    old.execute("INSERT INTO messages (conversation_id, question, answer, documents, params, selected_chunks, "
+                "timings, created_at) VALUES ('c1', 'q?', 'a', '[]', '{}', "
+                "'[{\"document\": \"a.pdf\", \"chunk\": 0, \"pages\": \"1\", \"score\": -1.0}]', '{}', "
+                "'2026-01-01')")
+    old.execute("INSERT INTO jobs (name, stage, fraction, state, started_at, updated_at) VALUES "
+                "('a.pdf', 'ready', 1.0, 'done', '2026-01-01', '2026-01-01')")
+    old.conn.commit()
+    old.conn.close()
+    store = DocumentStore(tmp_path / "lib")
+    (message,) = store.messages("c1")
+    assert (message.warning, message.scores, message.anchors) == (None, [], [])
+    assert message.selected_chunks[0]["document"] == "a.pdf"
+    job = store.jobs()[0]
+    assert (job["pages_done"], job["chunks_total"], job["stage_started_at"]) == (0, 0, None)
 
 
 def test_caches_written_before_the_cut_was_recorded_read_as_the_fixed_cut(tmp_path):
@@ -82,7 +111,8 @@ def test_caches_written_before_the_cut_was_recorded_read_as_the_fixed_cut(tmp_pa
 
     from sqlite_utils import Database
 
-    path = tmp_path / "old.sqlite"
+    (tmp_path / "lib").mkdir()
+    path = tmp_path / "lib" / "docqa.sqlite"
     old = Database(sqlite3.connect(str(path)))
     migrations.apply(old, stop_before="m004_kv_chunking")
     old["documents"].insert({"id": "d", "name": "d.txt", "mime": "text/plain", "size_bytes": 1, "page_count": 1,

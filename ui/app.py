@@ -15,28 +15,53 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.routing import Mount
 
-from app.service import DocQA, device_summary
+from app.service import DocQA, ModelInfo, model_info
 from ui import chat, inspect, library, settings
 from ui.openai_api import create_api
 
 
+def header(info: ModelInfo, read_only: bool) -> str:
+    """Which model runs where, in one line under the title."""
+    size = f"{info.parameters / 1e9:.1f}B" if info.parameters >= 1e9 else f"{info.parameters / 1e6:.0f}M"
+    kind = "the bundled lookup model" if info.bundled else f"a {'Dream' if info.family == 'dream' else 'LLaDA'} model"
+    line = (f"## dllm-docqa\nAsk questions of long documents with a diffusion LM. **Model:** {info.name} ({kind}, "
+            f"{size} parameters) **on {info.device}**, {info.dtype}.")
+    if read_only:
+        line += " The data folder is read-only: documents can be asked, not added or deleted."
+    return line
+
+
+def model_note(info: ModelInfo) -> str:
+    """What the model running can answer, for the Chat tab: honest about the bundled one."""
+    if info.bundled:
+        return ("**What this model can answer:** docqa-tiny is a small model (27M parameters) trained for "
+                "lookups: it copies a short fact (a number, name, date or code) that a sentence of the documents "
+                "states, and says \"not found\" when the passages it chose do not hold it. On held-out questions "
+                "it is right 47-100% of the time depending on the kind of question and the document's length (its "
+                "model card, `models/docqa-tiny/README.md`). It cannot summarise, explain or reason over several "
+                "passages; for that, start the app on a Dream or LLaDA checkpoint "
+                "(`docqa serve --model /path/to/Dream-v0-Instruct-7B`). Always check the answer against its source.")
+    return (f"**What this model can answer:** {info.name} is a general instruction-tuned diffusion model: it answers "
+            "from the few chunks chosen for each question (see Inspect), so questions whose answer lies in one or "
+            "a few passages work best. Check each answer against its highlighted source.")
+
+
 def build_app(service: DocQA) -> gr.Blocks:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    info = model_info(service)
     with gr.Blocks(title="dllm-docqa", analytics_enabled=False) as demo:
-        gr.Markdown(f"## dllm-docqa\nAsk questions of long documents with a diffusion LM. Model: "
-                    f"{device_summary(service)}."
-                    + (" The data folder is read-only: documents can be asked, not added or deleted."
-                       if service.read_only else ""))
-        with gr.Tab("Library"):
-            documents, _, (refresh_library, library_outputs) = library.build(service)
-        with gr.Tab("Chat"):
-            chat_parts = chat.build(service)
-        with gr.Tab("Inspect"):
-            inspect_parts = inspect.build()
-        with gr.Tab("Settings"):
-            settings_inputs = settings.build(service)
+        gr.Markdown(header(info, service.read_only), elem_id="header")
+        with gr.Tabs() as tabs:
+            with gr.Tab("Library", id="library"):
+                documents, _, (refresh_library, library_outputs) = library.build(service)
+            with gr.Tab("Chat", id="chat"):
+                chat_parts = chat.build(service, model_note(info))
+            with gr.Tab("Inspect", id="inspect"):
+                inspect_parts = inspect.build()
+            with gr.Tab("Settings", id="settings"):
+                settings_inputs = settings.build(service)
         cancel_closed_session, (refresh_chat, chat_outputs) = chat.wire(service, chat_parts, documents,
-                                                                        settings_inputs, inspect_parts)
+                                                                        settings_inputs, inspect_parts, tabs)
         # Each page load shows the library as it is now (a reload, another tab or the CLI changed it).
         demo.load(lambda: (*refresh_library(), *refresh_chat()), None, library_outputs + chat_outputs,
                   api_visibility="private")

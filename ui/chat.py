@@ -1,41 +1,95 @@
-"""Chat panel: the answer streams while it is denoised, then the final answer with citations."""
+"""Chat panel: the answer streams while it is denoised, then the final answer with its sources;
+a source (or the answer, clicked in the conversation) opens in the document viewer beside it.
+
+Each answer of the conversation shown is kept in a gr.State as an AskResult, in the order of the
+chat's answers, so clicking an earlier answer brings back its sources and its Inspect view; a
+conversation chosen from the list is rebuilt from the store (`DocQA.stored_results`), also after
+a restart.
+"""
 
 from __future__ import annotations
 
 import html
+import logging
 import threading
 
 import gradio as gr
 
 from app.errors import StorageError
-from app.service import DocQA, QuestionStopped, ServiceBusy
-from ui import inspect
+from app.service import AskResult, DocQA, QuestionStopped, ServiceBusy
+from ui import inspect, viewer
 from ui.settings import SettingsInputs, to_params
 
+logger = logging.getLogger(__name__)
 
-def build(service: DocQA):
-    with gr.Row():
-        conversation = gr.Dropdown(choices=conversation_choices(service), label="Conversation", scale=3)
-        new = gr.Button("New conversation", scale=1)
-    chatbot = gr.Chatbot(label="Answers", elem_id="chatbot", height=420)
-    question = gr.Textbox(label="Question", placeholder="Ask about the chosen documents", elem_id="question")
-    ask = gr.Button("Ask", variant="primary", elem_id="ask")
-    return conversation, new, chatbot, question, ask
+FAILED = "failed"  # `last` after a question that joined the chat and failed there
+
+# A click on a source chip (anything carrying data-cite) asks for that citation of the answer shown.
+SOURCE_CLICKS = """
+element.addEventListener('click', (e) => {
+  const chip = e.target.closest('[data-cite]');
+  if (chip) trigger('click', {cite: Number(chip.dataset.cite)});
+});
+"""
+
+
+def build(service: DocQA, model_note: str):
+    gr.Markdown(model_note, elem_id="model-note")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3):
+            with gr.Row():
+                conversation = gr.Dropdown(choices=conversation_choices(service), label="Conversation", scale=3,
+                                           elem_id="conversation")
+                new = gr.Button("New conversation", scale=1)
+            chatbot = gr.Chatbot(label="Answers (click an answer to see its sources)", elem_id="chatbot", height=420)
+            sources = gr.HTML("", elem_id="sources", js_on_load=SOURCE_CLICKS)
+            question = gr.Textbox(label="Question", placeholder="Ask about the chosen documents", elem_id="question")
+            ask = gr.Button("Ask", variant="primary", elem_id="ask")
+        with gr.Column(scale=2):
+            viewer_parts = viewer.build()
+    answers = gr.State([])  # AskResult per answer of the chat, in order (None: a failed question)
+    shown = gr.State(-1)  # the answer whose sources and Inspect view are shown
+    return conversation, new, chatbot, sources, question, ask, answers, shown, viewer_parts
 
 
 def conversation_choices(service: DocQA) -> list[tuple[str, str]]:
     return [(c["title"], c["id"]) for c in service.conversations()]
 
 
-def history_of(service: DocQA, conversation_id: str | None) -> list[dict]:
+def answer_markdown(result: AskResult) -> str:
+    """The answer as the chat shows it: text, warning, and its sources numbered as in the chips."""
+    text = html.escape(result.answer) or "(no answer)"
+    if result.warning:
+        text += f"\n\n**Warning:** {html.escape(result.warning)}"
+    if result.citations:
+        cites = "; ".join(f"[{i + 1}] {html.escape(c.document)}, p. {html.escape(c.pages)} ({c.score:.2f})"
+                          for i, c in enumerate(result.citations))
+        text += f"\n\n*Sources: {cites}*"
+    return text
+
+
+def sources_html(result: AskResult | None, question: str = "") -> str:
+    if result is None or not result.citations:
+        return ""
+    chips = "".join(
+        f'<button type="button" class="docqa-cite" data-cite="{i}" title="Show it in the document" '
+        f'style="margin:2px 6px 2px 0;padding:3px 8px;border:1px solid #e67e00;border-radius:12px;'
+        f'background:#fff7ec;cursor:pointer">[{i + 1}] {html.escape(c.document)}, p. {html.escape(c.pages)}'
+        f' <span style="color:#777">({c.score:.2f})</span></button>' for i, c in enumerate(result.citations))
+    about = f" of &ldquo;{html.escape(question[:80])}&rdquo;" if question else ""
+    return f'<div style="margin:4px 0"><span style="color:#555">Sources{about}:</span> {chips}</div>'
+
+
+def history_of(service: DocQA, conversation_id: str | None) -> tuple[list[dict], list[AskResult], list[str]]:
+    """The chat's messages, the answers' results and their questions for a stored conversation."""
     if not conversation_id:
-        return []
-    out = []
-    for m in service.messages(conversation_id):
-        out.append({"role": "user", "content": m.question})
-        cites = "; ".join(f"{html.escape(c['document'])} p. {c['pages']}" for c in m.selected_chunks)
-        out.append({"role": "assistant", "content": f"{html.escape(m.answer)}\n\n*Sources: {cites}*"})
-    return out
+        return [], [], []
+    messages, results, questions = [], [], []
+    for q, result in service.stored_results(conversation_id):
+        messages += [{"role": "user", "content": q}, {"role": "assistant", "content": answer_markdown(result)}]
+        results.append(result)
+        questions.append(q)
+    return messages, results, questions
 
 
 class RunningQuestions:
@@ -65,14 +119,29 @@ class RunningQuestions:
         return len(events)
 
 
-def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_parts):
+def _question_of(history: list[dict], answer_index: int) -> str:
+    users = [m for m in history or [] if m.get("role") == "user"]
+    if not 0 <= answer_index < len(users):
+        return ""
+    content = users[answer_index].get("content")
+    if isinstance(content, list):  # Gradio may hand back messages as parts
+        content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content or "")
+
+
+def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_parts, tabs):
     """Connects the chat to the service. Returns the function that cancels a closed session's
     questions (for the app's unload event) and the one that refreshes the conversation list."""
-    conversation, new, chatbot, question, ask = parts
-    scores, chosen, anchors, timings = inspect_parts
+    conversation, new, chatbot, sources, question, ask, answers, shown, viewer_parts = parts
+    scores = inspect_parts[0]
+    v_title, v_page, _, v_number, _, v_state = viewer_parts
+    viewer_outputs = [v_title, v_page, v_number, v_state]
+    viewer.wire(service, viewer_parts)
     running = RunningQuestions()
 
     def answer(request: gr.Request, q, history, doc_ids, conv_id, *setting_values):
+        # `last` first goes to None: a question refused below adds no answer to the chat.
+        yield gr.update(), gr.update(), None, gr.update()
         if not q or not q.strip():
             raise gr.Error("Type a question first.")
         doc_ids = list(doc_ids or []) or [d.record.id for d in service.documents()]  # none chosen: the library
@@ -85,44 +154,123 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
             raise gr.Error(str(exc)) from None
         history = list(history or []) + [{"role": "user", "content": q},
                                          {"role": "assistant", "content": "selecting chunks..."}]
-        yield history, gr.update(), None, None, None, None, ""
+        yield history, gr.update(), None, ""
         session = getattr(request, "session_hash", None) or ""
         cancel = running.start(session)
+        failure = None
         try:
             events = service.ask(q, list(doc_ids), params, conversation_id=conv_id or None, chunk_size=chunk_size,
                                  cancel=cancel)
             for event in events:
                 if event.kind == "step":
                     history[-1] = {"role": "assistant", "content": html.escape(event.partial)}
-                    yield history, gr.update(), None, None, None, None, ""
+                    yield history, gr.update(), None, ""
                 elif event.kind == "done":
                     r = event.result
-                    cites = "; ".join(f"[{i + 1}] {html.escape(c.document)}, p. {c.pages} ({c.score:.2f})"
-                                      for i, c in enumerate(r.citations))
-                    text = html.escape(r.answer) or "(no answer)"
-                    if r.warning:
-                        text += f"\n\n**Warning:** {html.escape(r.warning)}"
-                    history[-1] = {"role": "assistant", "content": f"{text}\n\n*Sources: {cites}*"}
+                    history[-1] = {"role": "assistant", "content": answer_markdown(r)}
                     yield (history, gr.update(choices=conversation_choices(service), value=r.conversation_id or None),
-                           inspect.scores_frame(r), inspect.chosen_spans(r), inspect.anchors_figure(r),
-                           r.timings, "")
+                           r, "")
         except (ValueError, QuestionStopped, ServiceBusy, StorageError) as exc:
-            raise gr.Error(str(exc)) from None
+            failure = str(exc)
+        except Exception as exc:  # a sentence in the page; the traceback goes to the server log only
+            logger.exception("answering %r failed", q)
+            failure = (f"the question could not be answered (an internal error: {type(exc).__name__}; "
+                       "see the server log)")
         finally:  # also when Gradio closes this generator (the client went away)
             cancel.set()
             running.finish(session, cancel)
+        if failure is not None:
+            # The chat says why in place of the answer (the question stays in the box, to ask again).
+            history[-1] = {"role": "assistant", "content": f"**Not answered:** {html.escape(failure)}"}
+            yield history, gr.update(), FAILED, q
+            raise gr.Error(failure)
+
+    last = gr.State(None)  # the answer just given, until it joins `answers`
+
+    def show_answer(results: list[AskResult], index: int, history):
+        """Sources, Inspect panels and the viewer (its first source) for answer `index`."""
+        result = results[index] if 0 <= index < len(results) else None
+        first = None
+        if result is not None and result.citations:
+            first = viewer.target_of(_cite_dict(result, 0), viewer.citation_caption(1, result.citations[0]))
+        view = viewer.show(service, first) if first is not None else (viewer.HINT, "", gr.update(), None)
+        return (index, sources_html(result, _question_of(history, index)), *inspect.panels(result), *view)
+
+    answer_outputs = [shown, sources, *inspect_parts, *viewer_outputs]
+
+    def add_answer(results, result, history):
+        if result is None:  # the question was refused before it joined the chat: nothing to add
+            return (results, *[gr.update()] * len(answer_outputs))
+        if result == FAILED:  # its place in the chat holds the reason; no sources to show
+            return ([*results, None], *[gr.update()] * len(answer_outputs))
+        results = [*results, result]
+        return (results, *show_answer(results, len(results) - 1, history))
+
+    inputs = [question, chatbot, documents, conversation, *settings.components()]
+    outputs = [chatbot, conversation, last, question]
+    # The answer's sources, Inspect view and first source follow once it is given (`last`).
+    for trigger, extra in ((ask.click, {"api_name": "ask", "concurrency_limit": 1}),
+                           (question.submit, {"api_visibility": "private"})):
+        trigger(answer, inputs, outputs, concurrency_id="model", **extra).then(
+            add_answer, [answers, last, chatbot], [answers, *answer_outputs], api_visibility="private")
+
+    def pick_answer(results, history, evt: gr.SelectData):
+        """A click on a message of the chat: that answer's sources, Inspect view and first source."""
+        index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+        before = (history or [])[: int(index) + 1]
+        answer_index = sum(1 for m in before if m.get("role") == "assistant") - 1
+        if before and before[-1].get("role") == "user":  # the question: its answer, next
+            answer_index += 1
+        return show_answer(results, answer_index, history)
+
+    chatbot.select(pick_answer, [answers, chatbot], answer_outputs, api_visibility="private")
+
+    def open_source(results, index, evt: gr.EventData):
+        data = getattr(evt, "_data", None) or {}
+        result = results[index] if 0 <= index < len(results) else None
+        cite = data.get("cite")
+        if result is None or not isinstance(cite, int) or not 0 <= cite < len(result.citations):
+            return viewer.HINT, "", gr.update(), None
+        return viewer.show(service, viewer.target_of(_cite_dict(result, cite),
+                                                     viewer.citation_caption(cite + 1, result.citations[cite])))
+
+    sources.click(open_source, [answers, shown], viewer_outputs, api_visibility="private")
+
+    def open_bar(results, index, evt: gr.EventData):
+        """A bar of the relevance plot: its chunk in the viewer, on the Chat tab."""
+        data = getattr(evt, "_data", None) or {}
+        result = results[index] if 0 <= index < len(results) else None
+        bar = data.get("bar")
+        if result is None or not isinstance(bar, int) or not 0 <= bar < len(result.scores):
+            return gr.update(), viewer.HINT, "", gr.update(), None
+        s = result.scores[bar]
+        caption = f"{s['document']}, p. {s['pages']} (score {s['score']:.2f}{', chosen' if s['selected'] else ''})"
+        return (gr.Tabs(selected="chat"), *viewer.show(service, viewer.target_of(s, caption)))
+
+    scores.click(open_bar, [answers, shown], [tabs, *viewer_outputs], api_visibility="private")
+
+    def start_new():
+        return None, [], [], -1, "", *inspect.panels(None), viewer.HINT, "", gr.update(value=None), None
+
+    new.click(start_new, None, [conversation, chatbot, answers, *answer_outputs], api_visibility="private")
+
+    def open_conversation(cid):
+        messages, results, _ = history_of(service, cid)
+        return (messages, results, *show_answer(results, len(results) - 1, messages))
+
+    conversation.input(open_conversation, conversation, [chatbot, answers, *answer_outputs],
+                       api_visibility="private")
 
     def cancel_closed_session(request: gr.Request) -> None:
         running.cancel_session(getattr(request, "session_hash", None) or "")
-
-    inputs = [question, chatbot, documents, conversation, *settings.components()]
-    outputs = [chatbot, conversation, scores, chosen, anchors, timings, question]
-    ask.click(answer, inputs, outputs, api_name="ask", concurrency_id="model", concurrency_limit=1)
-    question.submit(answer, inputs, outputs, api_visibility="private", concurrency_id="model")
-    new.click(lambda: (None, []), None, [conversation, chatbot], api_visibility="private")
-    conversation.change(lambda cid: history_of(service, cid), conversation, chatbot, api_visibility="private")
 
     def refresh_conversations():
         return (gr.Dropdown(choices=conversation_choices(service)),)
 
     return cancel_closed_session, (refresh_conversations, [conversation])
+
+
+def _cite_dict(result: AskResult, i: int) -> dict:
+    c = result.citations[i]
+    return {"document_id": c.document_id, "document": c.document, "char_start": c.char_start,
+            "char_end": c.char_end, "pages": c.pages, "score": c.score}

@@ -6,6 +6,7 @@ starts: a reload, another tab or the CLI may have changed the library since.
 
 from __future__ import annotations
 
+import html
 import logging
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import gradio as gr
 import pandas as pd
 
 from app.errors import IngestError, StorageError
+from app.jobs import JobProgress, describe
 from app.service import DocQA
 
 logger = logging.getLogger(__name__)
@@ -21,11 +23,36 @@ COLUMNS = ["name", "pages", "tokens", "chunks", "cached", "MiB", "status", "id"]
 
 
 def documents_frame(service: DocQA) -> pd.DataFrame:
+    """Every document, ready or failed, and below them those being added, with their progress."""
     rows = [[d.record.name, d.record.page_count, d.tokens, d.chunks, "yes" if d.cached else "no",
              round(d.kv_bytes / 2**20, 1),
              "ready" if d.record.status == "ready" else f"failed: {d.record.error} (add it again to retry)",
              d.record.id[:12]] for d in service.documents(include_failed=True)]
+    rows += [[j.name, j.pages_total or "", "", j.chunks_total or "", "no", "",
+              f"being added ({100 * j.fraction:.0f}%)", ""] for j in service.ingest_progress()]
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+# A click on a job's Cancel button (anything carrying data-job) asks to stop that ingest.
+CANCEL_CLICKS = """
+element.addEventListener('click', (e) => {
+  const button = e.target.closest('[data-job]');
+  if (button) trigger('click', {job: Number(button.dataset.job)});
+});
+"""
+
+
+def jobs_html(jobs: list[JobProgress]) -> str:
+    """One progress bar an ingest running now: pages and chunks done, time left, a Cancel button."""
+    out = []
+    for j in jobs:
+        out.append(
+            f'<div class="docqa-job" data-name="{html.escape(j.name)}" style="margin:6px 0">'
+            f'<div><b>{html.escape(j.name)}</b>: <span class="docqa-job-text">{html.escape(describe(j))}</span> '
+            f'<button type="button" data-job="{j.id}" class="docqa-cancel" style="margin-left:8px;padding:1px 8px;'
+            f'border:1px solid #b00020;color:#b00020;border-radius:4px;background:#fff;cursor:pointer">Cancel'
+            f'</button></div><progress value="{j.fraction:.3f}" max="1" style="width:100%"></progress></div>')
+    return "".join(out)
 
 
 def choices(service: DocQA, include_failed: bool = False) -> list[tuple[str, str]]:
@@ -49,7 +76,7 @@ def build(service: DocQA):
             password = gr.Textbox(label="PDF password (only for encrypted files)", type="password")
             add = gr.Button("Add documents", variant="primary", elem_id="add-documents")
             status = gr.Markdown(elem_id="ingest-status")
-            jobs = gr.Markdown(elem_id="jobs")
+            jobs = gr.HTML("", elem_id="jobs", js_on_load=CANCEL_CLICKS)
         with gr.Column(scale=3):
             table = gr.Dataframe(value=documents_frame(service), headers=COLUMNS, interactive=False,
                                  label="Documents", elem_id="documents")
@@ -85,14 +112,13 @@ def build(service: DocQA):
         return (documents_frame(service), gr.Dropdown(choices=choices(service, include_failed=True), value=None),
                 gr.Dropdown(choices=docs, value=[d[1] for d in docs]))
 
-    def ingest_one(path: str, pw: str | None, progress) -> str:
+    def ingest_one(path: str, pw: str | None) -> str:
         name = Path(path).name
         if not is_upload(service, path):
             return f"- **{name}**: not added: only files uploaded to this page can be added"
         try:
             data = Path(path).read_bytes()
-            info, added = service.ingest(data, name, password=pw or None,
-                                         progress=lambda stage, frac: progress(frac, desc=f"{name}: {stage}"))
+            info, added = service.ingest(data, name, password=pw or None)
             return (f"- **{info.record.name}**: {'added' if added else 'already in the library'} "
                     f"({info.record.page_count} pages, {info.chunks} chunks)")
         except (IngestError, StorageError, ValueError, OSError) as exc:
@@ -104,8 +130,8 @@ def build(service: DocQA):
         finally:  # the upload is not kept in the temporary folder, where it could still be served
             service.discard_upload_file(path)
 
-    def ingest(paths, pw, progress=gr.Progress()):  # noqa: B008 (Gradio injects the tracker)
-        lines = [ingest_one(path, pw, progress) for path in paths or []]
+    def ingest(paths, pw):
+        lines = [ingest_one(path, pw) for path in paths or []]
         return ("\n".join(lines) or "Choose files first.", None, *lists())
 
     def remove(doc_id):
@@ -116,15 +142,29 @@ def build(service: DocQA):
                 raise gr.Error(str(exc)) from None
         return lists()
 
-    def active_jobs():
-        running = service.jobs(active_only=True)
-        return "\n".join(f"- {j['name']}: {j['stage']} ({100 * j['fraction']:.0f}%)" for j in running)
+    def tick(were_running: list[int]):
+        """The progress panel every second; the table too while something is being added, and
+        once more when it ends (so the document appears as ready or failed)."""
+        running = service.ingest_progress()
+        ids = [j.id for j in running]
+        if not ids and not were_running:
+            return gr.update(), gr.update(), ids
+        return jobs_html(running), documents_frame(service), ids
 
-    # One progress bar an ingest, on the status panel: by default Gradio draws it over every output.
+    def cancel_job(evt: gr.EventData):
+        job = (getattr(evt, "_data", None) or {}).get("job")
+        if isinstance(job, int) and not service.cancel_job(job):
+            gr.Warning("That ingest is not running in this server any more (it may have just finished).")
+
+    # The progress of an ingest is drawn once, as its bar in the jobs panel (from the jobs table,
+    # so it survives a page refresh), not as Gradio's overlay on every output of the event.
     add.click(ingest, [files, password], [status, files, table, victim, selected], api_name="ingest",
-              concurrency_id="model", show_progress="full", show_progress_on=[status])
+              concurrency_id="model", show_progress="hidden")
     delete.click(remove, [victim], [table, victim, selected], api_name="delete_document")
-    gr.Timer(1.0).tick(active_jobs, None, jobs, api_visibility="private", show_progress="hidden")
+    was_running = gr.State([])
+    gr.Timer(1.0).tick(tick, was_running, [jobs, table, was_running], api_visibility="private",
+                       show_progress="hidden")
+    jobs.click(cancel_job, None, None, api_visibility="private")
 
     def list_documents() -> list[dict]:
         """Every stored document: id, name, pages, chunks, cached, status."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import gradio as gr
 
 from app.choices import CACHED_KV_MODES, DECODERS
+from app.defaults import FIELD_HELP, ModelDefaults
 from app.service import DocQA
 
 
@@ -29,26 +30,50 @@ class SettingsInputs:
 
 def build(service: DocQA) -> SettingsInputs:
     d = service.defaults
+    gr.Markdown("These settings apply to the next question asked in the Chat tab. They start at the model's "
+                "defaults (its `docqa.json`), listed below with what each does.")
     with gr.Row():
-        top_k = gr.Number(value=d.top_k, precision=0, minimum=0, label="K chunks (0 = automatic)")
+        top_k = gr.Number(value=d.top_k, precision=0, minimum=0, label="K chunks (0 = automatic)",
+                          info="How many chunks the answer is read from.")
         chunk_size = gr.Number(value=d.chunk_size, precision=0, minimum=16,
-                               label="Chunk size C (a change re-encodes the documents)")
-        token_budget = gr.Number(value=d.token_budget, precision=0, minimum=0, label="B tokens per chunk (0 = all)")
+                               label="Chunk size C (a change re-encodes the documents)",
+                               info="Tokens per chunk; each chunk is encoded once, alone.")
+        token_budget = gr.Number(value=d.token_budget, precision=0, minimum=0, label="B tokens per chunk (0 = all)",
+                                 info="Tokens of each chosen chunk kept per layer and head, the most attended.")
         score_margin = gr.Number(value=d.score_margin or 0, minimum=0, step=0.1,
-                                 label="Keep chunks scoring within this of the best (0 = no margin rule)")
+                                 label="Keep chunks scoring within this of the best (0 = no margin rule)",
+                                 info="In nats: a larger margin keeps more of the K chunks.")
         coverage_gain = gr.Number(value=d.coverage_gain or 0, minimum=0, step=0.05,
                                   label="Also keep chunks that explain more of the question, by this much a "
-                                        "token (0 = off; both 0 keep all K)")
+                                        "token (0 = off; both 0 keep all K)",
+                                  info="In nats a question token.")
     with gr.Row():
         gen_length = gr.Number(value=d.gen_length, precision=0, minimum=32, step=32,
-                               label="Answer length (tokens, a multiple of 32)")
+                               label="Answer length (tokens, a multiple of 32)",
+                               info="The canvas that is denoised; the answer stops at its end token.")
         # A fine step: a coarse one would snap the model's default (0.999 for the bundled model) to 1.
-        threshold = gr.Slider(0.05, 1.0, value=d.threshold, step=0.001, label="Confidence threshold")
-        kv_mode = gr.Dropdown(choices=list(CACHED_KV_MODES), value=d.kv_mode,
-                              label="KV mode")
-        decoder = gr.Dropdown(choices=list(DECODERS), value=d.decoder, label="Decoder")
+        threshold = gr.Slider(0.05, 1.0, value=d.threshold, step=0.001, label="Confidence threshold",
+                              info="A slot is committed once the model is this sure of it (higher: more steps).")
+        kv_mode = gr.Dropdown(choices=list(CACHED_KV_MODES), value=d.kv_mode, label="KV mode",
+                              info="static: decode over the stored chunk KV; joint: re-encode the chosen chunks "
+                                   "with the question first (slower).")
+        decoder = gr.Dropdown(choices=list(DECODERS), value=d.decoder, label="Decoder",
+                              info="The rule choosing which slots to commit at each denoising step.")
+    gr.Markdown(defaults_table(service), elem_id="model-defaults")
     return SettingsInputs(top_k, chunk_size, token_budget, gen_length, threshold, kv_mode, decoder, score_margin,
                           coverage_gain)
+
+
+def defaults_table(service: DocQA) -> str:
+    """The model's defaults as a Markdown table: setting, value, what it does."""
+    d = service.defaults
+    rows = []
+    for f in fields(ModelDefaults):
+        value = getattr(d, f.name)
+        shown = "off" if value is None else ("yes" if value is True else "no" if value is False else value)
+        rows.append(f"| `{f.name}` | {shown} | {FIELD_HELP.get(f.name, '')} |")
+    name = service.config.model_dir.name if hasattr(service.config.model_dir, "name") else service.config.model_dir
+    return (f"### Defaults of {name}\n\n| setting | default | what it does |\n|---|---|---|\n" + "\n".join(rows))
 
 
 def to_params(service: DocQA, top_k, chunk_size, token_budget, gen_length, threshold, kv_mode, decoder,

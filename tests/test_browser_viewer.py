@@ -59,6 +59,14 @@ def covered(char: tuple[float, float, float, float], image: dict, boxes: list[di
                and b["y"] - slack_px <= y <= b["y"] + b["height"] + slack_px for b in boxes)
 
 
+def open_app(playwright, url: str, height: int):
+    """Headless Chromium on the app: (browser, page)."""
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    page = browser.new_page(viewport={"width": 1400, "height": height})
+    page.goto(url)
+    return browser, page
+
+
 def launch(data_dir: Path):
     from ui.app import launch as serve
 
@@ -79,9 +87,7 @@ def test_citation_opens_the_page_with_the_passage_highlighted(tmp_path):
     service, web, url = launch(data)
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 1100})
-            page.goto(url)
+            browser, page = open_app(p, url, height=1100)
             expect(page.locator("#header")).to_contain_text("docqa-tiny")
             expect(page.locator("#header")).to_contain_text("on CPU")
             page.locator("#upload input[type=file]").set_input_files(str(pdf))
@@ -158,9 +164,7 @@ def test_citation_opens_the_page_with_the_passage_highlighted(tmp_path):
     service, web, url = launch(data)
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 1100})
-            page.goto(url)
+            browser, page = open_app(p, url, height=1100)
             page.get_by_role("tab", name="Chat").click()
             page.get_by_role("combobox", name="Conversation").click()
             page.get_by_role("option").first.click()
@@ -200,9 +204,7 @@ def test_an_ingest_shows_one_progress_bar_and_can_be_cancelled(tmp_path):
     service, web, url = launch(tmp_path / "data")
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(url)
+            browser, page = open_app(p, url, height=1000)
             page.locator("#upload input[type=file]").set_input_files(str(pdf))
             page.locator("#add-documents").click()
             job = page.locator("#jobs .docqa-job")

@@ -134,7 +134,7 @@ def bench_prefill(args: argparse.Namespace) -> int:
         store = DocumentStore(data_dir, max_shard_bytes=int(args.max_shard_mb * 2**20), run_recovery=rank == 0)
         kv = DistributedKVService(engine, store, TieredKVPool(device, 0, 0), args.kv_at_rest,
                                   group=RankGroup(rank, world), tokenizer_pieces=tokenizer_pieces())
-        for run in range(args.repeats + 1):  # run 0: the warm-up
+        for run in range(args.repeats + 1):  # the first pass compiles and warms the allocator: not timed
             text = random_text(args.tokens, tokenizer, seed=run)
             doc_id = f"{run:064x}"
             if rank == 0:

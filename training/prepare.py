@@ -78,10 +78,31 @@ def _training_paragraphs(corpus_dir: Path):
                 yield from doc.split("\n\n")
 
 
-def text_paragraphs(corpus_dir: Path, limit: int, rng: random.Random) -> list[str]:
-    """Paragraphs of the corpus's training kinds of 60-1200 characters, shuffled with `rng`, at most
-    `limit`."""
-    out = [p for p in _training_paragraphs(corpus_dir) if 60 <= len(p) <= 1200]
+MAX_PARAGRAPH_CHARS = 1200
+
+
+def _pieces(paragraph: str) -> list[str]:
+    """A paragraph longer than MAX_PARAGRAPH_CHARS as consecutive runs of whole sentences of at most
+    that length (a sentence longer than it stays whole and is dropped by the caller)."""
+    out, run = [], ""
+    for sent in split_sentences(paragraph):
+        if run and len(run) + 1 + len(sent) > MAX_PARAGRAPH_CHARS:
+            out.append(run)
+            run = sent
+        else:
+            run = f"{run} {sent}" if run else sent
+    return out + [run] if run else out
+
+
+def text_paragraphs(corpus_dir: Path, limit: int, rng: random.Random, split_long: bool = False) -> list[str]:
+    """Paragraphs of the corpus's training kinds of 60-MAX_PARAGRAPH_CHARS characters, shuffled with
+    `rng`, at most `limit`. Longer ones are left out, or with `split_long` cut into runs of whole
+    sentences that fit (the info manuals and READMEs are mostly such paragraphs: pretraining wants
+    their text too)."""
+    paragraphs = _training_paragraphs(corpus_dir)
+    if split_long:
+        paragraphs = (piece for p in paragraphs for piece in (_pieces(p) if len(p) > MAX_PARAGRAPH_CHARS else [p]))
+    out = [p for p in paragraphs if 60 <= len(p) <= MAX_PARAGRAPH_CHARS]
     rng.shuffle(out)
     return out[:limit]
 
@@ -150,6 +171,9 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, default=None,
                     help="training.corpus output: its training kinds become the lookup task's real text")
     ap.add_argument("--max-text-paragraphs", type=int, default=200_000)
+    ap.add_argument("--split-long-paragraphs", action="store_true",
+                    help="keep the corpus's paragraphs longer than 1,200 characters as runs of whole sentences "
+                         "(left out otherwise, as runs 12-13's data had them)")
     ap.add_argument("--keep-tokenizer", action="store_true",
                     help="tokenize with the model folder's tokenizer instead of training a new one "
                          "(to continue training a model)")
@@ -180,7 +204,7 @@ def main() -> None:
     qa = [d for d in train_qas if all(f"{t}\n{''.join(p).strip()}" not in held_out for t, p in d["context"])]
     extra = {}
     if args.corpus is not None:
-        texts = text_paragraphs(args.corpus, args.max_text_paragraphs, rng)
+        texts = text_paragraphs(args.corpus, args.max_text_paragraphs, rng, args.split_long_paragraphs)
         extra["text_paragraphs"] = flat(enc([" " + t for t in texts]))
         print(f"real text: {len(texts)} paragraphs, {len(extra['text_paragraphs']['tokens'])} tokens")
         extra["sentence_questions"] = sentence_question_examples(args.corpus)

@@ -8,7 +8,8 @@ sees it, with the question's tokens as the only targets.
 
 Tasks: needle retrieval in RULER's wording (single, multi-key, multi-value, multi-query; numbers,
 words, UUIDs as keys and values; essay, repeated and needle haystacks), key-value retrieval,
-extractive QA over HotpotQA paragraphs, "which document mentions X", and lookups: facts of the
+extractive QA over HotpotQA paragraphs, "which document mentions X", masked-diffusion language
+modelling on real text (`text_mdm`, the pretraining task, in LLaDA's layout), and lookups: facts of the
 training relation families (training.relations) placed in real text, asked in the training
 wordings and framings, with a fact of the same family about another subject beside them, and
 sometimes not there at all (the answer is then relations.NOT_FOUND); and questions made from the
@@ -35,6 +36,7 @@ class Example:
     question_ids: list[int]
     answer_ids: list[int]
     scoring: bool = False  # [chunk][query] layout, question tokens as targets
+    plain: bool = False  # [BOS][answer] alone, attending to itself: masked-diffusion pretraining on text
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class Layout:
 # A task left out of a weights dict has weight 0 (the tasks added later are 0 by default, so the
 # default stream stays the one the bundled model was first trained on).
 TASK_WEIGHTS = {"niah": 10, "kv_retrieval": 2, "hotpot": 3, "which_document": 2, "lookup": 0, "sentence_qa": 0,
-                "lookup_generated": 0, "text_denoising": 0}
+                "lookup_generated": 0, "text_denoising": 0, "text_mdm": 0}
 LOOKUP_NOT_FOUND_SHARE = 0.15
 # The generated task asks for "not found" never: with a share (measured, see the journal) its
 # refusals, where only the asked relation's phrase is missing, taught the model to answer only
@@ -60,6 +62,12 @@ LOOKUP_NOT_FOUND_SHARE = 0.15
 # paraphrases.
 LOOKUP_GENERATED_NOT_FOUND_SHARE = 0.0
 TEXT_DENOISING_TARGET = 48  # tokens of text the text_denoising task restores after its chunk
+# Tokens of one text_mdm sequence: three chunks' worth, so that a word is read in more context than
+# one chunk gives, while a batch of them costs about what a batch of K = 4 examples does.
+TEXT_MDM_LENGTH = 384
+# Where text_mdm draws its text from, by share: the corpus's technical prose (the documents users
+# bring), HotpotQA's encyclopedic paragraphs (names, dates, places) and the essays (running prose).
+TEXT_MDM_SOURCES = {"text": 6, "paragraphs": 3, "essay": 1}
 NIAH_VARIANT_WEIGHTS = {"single": 4, "multikey": 3, "multivalue": 2, "multiquery": 2}
 
 
@@ -87,7 +95,7 @@ class TaskSampler:
         if set(given) != set(known) or any(w < 0 for w in given.values()) or not any(given.values()):
             raise ValueError(f"weights must name exactly {sorted(known)} with non-negative values, got {given}")
         for task, needs in (("lookup", "text_paragraphs"), ("lookup_generated", "text_paragraphs"),
-                            ("text_denoising", "text_paragraphs"),
+                            ("text_denoising", "text_paragraphs"), ("text_mdm", "text_paragraphs"),
                             ("sentence_qa", "text_paragraphs"),
                             ("sentence_qa", "sentence_questions")):
             if self.task_weights[task] and not corpus.get(needs):
@@ -100,6 +108,7 @@ class TaskSampler:
         self.qa = corpus["qa"]
         self.adjs, self.nouns = corpus["adjectives"], corpus["nouns"]
         self._repeat = self.encode(" " + REPEAT_HAYSTACK)
+        self._paragraph_break = self.encode("\n\n")
         text = corpus.get("text_paragraphs")  # real English (training.corpus), for the lookup haystacks
         self.text_tok, self.text_off = (text["tokens"], text["offsets"]) if text else (None, None)
         self.split = relations.split()
@@ -362,10 +371,30 @@ class TaskSampler:
         target = flat[self.c - 1: self.c - 1 + TEXT_DENOISING_TARGET]
         return Example([chunk], target, [], scoring=True)
 
+    def text_mdm(self, k: int) -> Example:
+        """Masked-diffusion language modelling, as LLaDA pretrains: TEXT_MDM_LENGTH tokens of
+        consecutive text (paragraphs of one source in the corpus's order) attending to one another,
+        every token a target (`collate` masks a random share t of them). It teaches the language the
+        documents are written in, which the task examples, with their loss on a few answer tokens,
+        teach slowly. `k` is not used: the sequence has no chunks."""
+        r = self.rng
+        source = r.choices(list(TEXT_MDM_SOURCES), list(TEXT_MDM_SOURCES.values()))[0]
+        if source == "paragraphs":
+            out, i = [], r.randrange(len(self.par_off) - 1)
+            while len(out) < TEXT_MDM_LENGTH:
+                j = i % (len(self.par_off) - 1)
+                out += self.par_tok[self.par_off[j]:self.par_off[j + 1]].tolist() + self._paragraph_break
+                i += 1
+        else:
+            out = [t for s in self._filler(TEXT_MDM_LENGTH, source) for t in s]
+        return Example([], [], out[:TEXT_MDM_LENGTH], plain=True)
+
     def sample(self, k: int, scoring_share: float = 0.2) -> Example:
         r = self.rng
         name = r.choices(list(self.task_weights), list(self.task_weights.values()))[0]
         ex = getattr(self, name)(k)
+        if ex.plain:
+            return ex
         if r.random() < scoring_share:
             # The scorer's view: one of the example's chunks (relevant or not) and the question as
             # the target, so that the question's likelihood learns to depend on the chunk.
@@ -378,6 +407,11 @@ def collate(examples: list[Example], layout: Layout, chunk_size: int, question_l
     """Pads a batch into tensors: ids, positions, segment ids, roles and the denoising targets."""
     rows = []
     for ex in examples:
+        if ex.plain:
+            n = 1 + len(ex.answer_ids)
+            rows.append(([layout.bos] + ex.answer_ids, list(range(n)), [-3] * n, [ROLE_ANSWER] * n,
+                         [False] + [True] * (n - 1)))
+            continue
         ids, pos, seg, role = [], [], [], []
         if not ex.scoring:
             p = len(layout.prefix)

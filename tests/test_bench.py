@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tools import bench
 
 
@@ -61,3 +63,16 @@ def test_bench_concurrency_batches_the_users_questions(tmp_path):
     load_bench.write(phases, tmp_path, {"shape": "tiny"})
     assert len(json.loads((tmp_path / "concurrency.json").read_text())["phases"]) == 4
     assert load_bench.table(phases).splitlines()[2].startswith("| single | 3 |")
+
+
+def test_bench_concurrency_with_fewer_steps_and_a_prefilter():
+    from tools import load_bench
+
+    full = load_bench.run("tiny", 2, 256, 16, "cpu", chunk_size=32, top_k=2, rounds=1, poisson_questions=2,
+                          progress=lambda line: None)
+    fewer = load_bench.run("tiny", 2, 256, 16, "cpu", chunk_size=32, top_k=2, rounds=1, poisson_questions=2,
+                           progress=lambda line: None, prefilter=4, tokens_per_step=2)
+    # Two questions alone: one step per committed token, or one per two.
+    assert full[0].batch_sizes == {1: 2 * 16} and fewer[0].batch_sizes == {1: 2 * 8}
+    with pytest.raises(ValueError, match="must divide"):
+        load_bench.answer_sampling(16, 3)

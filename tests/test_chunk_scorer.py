@@ -240,6 +240,27 @@ def test_kept_scoring_passes_follow_the_document_kv(engines):
     assert len(fresh) == len(too_many) and len(kept) == 1  # not kept: they would evict each other
 
 
+def test_scoring_passes_are_captured_once_their_kv_is_scored_again(engines, monkeypatch):
+    """Where graphs are used, a document's passes are eager the first time and captured the second
+    (then kept); a prefiltered cut, a new tensor every question, is never captured."""
+    from engine.method import chunk_scorer
+    from engine.method.kv_cache import take_chunks
+
+    monkeypatch.setattr(Runner, "uses_graphs", property(lambda self: True))
+    monkeypatch.setattr(chunk_scorer, "kept_pool", lambda runner, kind: None)
+    runner, shape = Runner(engines["llada"].model, ATTN), (32, 8, 4)
+    doc = prefill_document(runner, doc_ids(70, 60), chunk_size=16)
+    first = kept_scoring_passes(runner, doc, [(0, 3), (3, 5)], shape)
+    second = kept_scoring_passes(runner, doc, [(0, 3), (3, 5)], shape)
+    third = kept_scoring_passes(runner, doc, [(0, 3), (3, 5)], shape)
+    assert [p.captured for p in first] == [False, False] and [p.captured for p in second] == [True, True]
+    assert third[0] is second[0] and third[1] is second[1]
+    assert len(runner.kept_items("scoring")) == 2
+    for _ in range(3):
+        cut = take_chunks(doc, [0, 2, 4])
+        assert [p.captured for p in kept_scoring_passes(runner, cut, [(0, 3)], shape)] == [False]
+
+
 @pytest.mark.parametrize("family", ["dream", "llada"])
 def test_drafts_in_one_batched_pass_equal_each_alone(engines, family):
     """Prompts of three lengths in one four-row pass (a spare row): each gets the draft it gets alone."""

@@ -119,7 +119,7 @@ def _warm_up(runner: Runner, modes: list[str], chunk_size: int, top_k: int, gen:
         _answer(runner, doc, random_question(cfg, gen), params, 2 if mode == "dense" else None)
 
 
-def _synthetic_index(num_chunks: int, gen: torch.Generator, words_per_chunk: int = 350, vocabulary: int = 20000):
+def synthetic_index(num_chunks: int, gen: torch.Generator, words_per_chunk: int = 350, vocabulary: int = 20000):
     """An FTS5 index over `num_chunks` chunk texts of Zipf-distributed pseudo-words (word frequencies
     like a language's: a few in every chunk, most rare), and a question of such words: what the
     prefilter's BM25 search costs at this many chunks (the random-token KV has no text)."""
@@ -134,14 +134,19 @@ def _synthetic_index(num_chunks: int, gen: torch.Generator, words_per_chunk: int
     return conn, question
 
 
+def candidate_ordinals(conn, question: str, num_chunks: int, m: int) -> list[int]:
+    """The chunks the app's prefilter keeps for `question`: BM25's best M, filled as the app fills them."""
+    hits = search(conn, question, [0], m)
+    return candidate_chunks([(0, h.ordinal) for h in hits], [num_chunks], m)[0]
+
+
 def _prefiltered(doc: DocumentKV, conn, question: str, m: int) -> tuple[DocumentKV, float]:
     """The document cut to the prefilter's M candidates (BM25 over the synthetic index, filled as
     the app fills them), and the seconds the search and the cut took."""
     device = doc.keys.device
     _sync(device)
     start = time.perf_counter()
-    hits = search(conn, question, [0], m)
-    chosen = candidate_chunks([(0, h.ordinal) for h in hits], [doc.num_chunks], m)[0]
+    chosen = candidate_ordinals(conn, question, doc.num_chunks, m)
     given = doc if len(chosen) == doc.num_chunks else take_chunks(doc, chosen)  # as the app: no copy of all
     _sync(device)
     return given, time.perf_counter() - start
@@ -181,7 +186,7 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
         prefill_tflops = matmul_flops_per_token(cfg) * doc.num_chunks * chunk_size / prefill_s / 1e12
         progress(f"{shape} prefill ctx {context}: {prefill_s:.3f} s, {prefill_tflops:.0f} TFLOP/s in the matmuls")
         # Its own generator: the tokens and questions of later contexts stay those of a run without it.
-        index = _synthetic_index(doc.num_chunks, torch.Generator().manual_seed(context)) if any(prefilters) else None
+        index = synthetic_index(doc.num_chunks, torch.Generator().manual_seed(context)) if any(prefilters) else None
         dense_step_s = None
         # The method's modes first; the baselines then run without the document's KV resident
         # (they need only its tokens), as a deployment of them would: at 128K tokens LLaDA-8B's

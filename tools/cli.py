@@ -75,6 +75,9 @@ def _build_parser() -> argparse.ArgumentParser:
                                                                        "in the throughput phase")
     bn.add_argument("--load", type=float, default=0.8, help="with --concurrency: Poisson arrival rate as a "
                                                             "fraction of the measured throughput")
+    bn.add_argument("--tokens-per-step", type=int, default=1,
+                    help="with --concurrency: answer tokens committed at each decode step (default 1; a trained "
+                         "model's threshold decoder commits several where it is confident)")
     bn.add_argument("--out", type=Path, default=Path("bench-out"))
 
     from tools.distributed_prefill import add_arguments
@@ -159,7 +162,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     scoring = ScoringParams(scorer=args.scorer, llada_folds=args.llada_folds or None)
     if args.concurrency:
-        return _bench_concurrency(args)
+        return _bench_concurrency(args, scoring)
     rows = bench.run(args.shape, args.contexts, args.answers, args.modes, args.device, args.chunk_size, args.top_k,
                      args.dense_budget_s, progress=lambda line: print(line, file=sys.stderr, flush=True),
                      compile_layers=not args.no_compile, scoring=scoring, prefilters=tuple(args.prefilter))
@@ -173,7 +176,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _bench_concurrency(args: argparse.Namespace) -> int:
+def _bench_concurrency(args: argparse.Namespace, scoring) -> int:
     import torch
 
     from tools import load_bench
@@ -181,13 +184,22 @@ def _bench_concurrency(args: argparse.Namespace) -> int:
     if not 0 < args.load <= 1.5 or not args.rounds:
         print("docqa-tools: --load must be in (0, 1.5] and --rounds at least 1", file=sys.stderr)
         return EXIT_USAGE
-    phases = load_bench.run(args.shape, args.concurrency, args.contexts[0], args.answers[0], args.device,
+    answer, prefilter = args.answers[0], args.prefilter[0]
+    try:
+        load_bench.answer_sampling(answer, args.tokens_per_step)
+    except ValueError as e:
+        print(f"docqa-tools: --tokens-per-step: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    phases = load_bench.run(args.shape, args.concurrency, args.contexts[0], answer, args.device,
                             args.chunk_size, args.top_k, rounds=args.rounds, load=args.load,
-                            progress=lambda line: print(line, file=sys.stderr, flush=True))
+                            progress=lambda line: print(line, file=sys.stderr, flush=True), scoring=scoring,
+                            prefilter=prefilter, tokens_per_step=args.tokens_per_step)
     meta = {"shape": args.shape, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "concurrency": args.concurrency, "context": args.contexts[0],
-            "answer": args.answers[0], "chunk_size": args.chunk_size, "top_k": args.top_k, "load": args.load,
-            "rule": "one token committed per step"}
+            "answer": answer, "chunk_size": args.chunk_size, "top_k": args.top_k, "load": args.load,
+            "scorer": args.scorer, "llada_folds": args.llada_folds or "leave-one-out",
+            "prefilter": prefilter or "every chunk",
+            "rule": f"{args.tokens_per_step} token(s) committed per step"}
     load_bench.write(phases, args.out, meta)
     print(load_bench.table(phases))
     return EXIT_OK

@@ -11,9 +11,12 @@ then, through one `engine.scheduler.AnswerScheduler` as the app runs one:
 - `poisson`: questions arriving at random (exponential gaps) at `load` x the closed-loop throughput,
   each on one of the N documents in turn: p50 and p95 latency from arrival to answer.
 
-Each question's answer follows the rule of `docqa-tools bench` (one token committed per step, stop at
-EOS off), so random weights cannot change the step count. The batch sizes the scheduler ran steps
-at are counted per phase.
+Each question's answer follows the rule of `docqa-tools bench` (a fixed number of tokens committed a
+step, one unless `tokens_per_step` says more; stop at EOS off), so random weights cannot change the
+step count. With `prefilter` M each question scores only the M chunks BM25 ranks first over a
+synthetic index (`tools.bench`): the search is made once, since every user asks the same random
+question, and each question's loader, on the scheduler's thread as the app's, cuts its document to
+those chunks. The batch sizes the scheduler ran steps at are counted per phase.
 """
 
 from __future__ import annotations
@@ -28,14 +31,15 @@ from pathlib import Path
 
 import torch
 
-from engine import AnswerParams, SamplingParams
+from engine import AnswerParams, SamplingParams, ScoringParams
 from engine.attention import select_backend
 from engine.method.answer import AnswerResult
+from engine.method.kv_cache import take_chunks
 from engine.method.prefill import prefill_document
 from engine.model.weights import random_model
 from engine.runner import Runner
 from engine.scheduler import AnswerScheduler
-from tools.bench import BENCH_SCORING, SHAPES, random_question
+from tools.bench import BENCH_SCORING, SHAPES, candidate_ordinals, random_question, synthetic_index
 
 
 @dataclass
@@ -68,9 +72,9 @@ class _Phase:
             torch.cuda.reset_peak_memory_stats(scheduler.runner.device)
         self.start = time.perf_counter()
 
-    def ask(self, doc, prompt, params: AnswerParams) -> None:
+    def ask(self, documents, prompt, params: AnswerParams) -> None:
         t = time.perf_counter()
-        events = list(self.scheduler.submit([doc], prompt, params))
+        events = list(self.scheduler.submit(documents, prompt, params))
         if not isinstance(events[-1], AnswerResult):
             raise RuntimeError(f"a question ended without an answer: {events[-1]!r}")
         with self._lock:
@@ -92,9 +96,20 @@ def _threads(targets) -> None:
         t.join()
 
 
+def answer_sampling(answer: int, tokens_per_step: int = 1) -> SamplingParams:
+    """The benchmarks' decoding: `tokens_per_step` tokens committed at each step (by confidence),
+    blocks of at most 32, EOS never ends an answer early."""
+    block = min(32, answer)
+    if tokens_per_step < 1 or block % tokens_per_step:
+        raise ValueError(f"tokens per step ({tokens_per_step}) must divide the block of {block} tokens")
+    return SamplingParams(decoder="low_confidence", gen_length=answer, block_length=block,
+                          steps=answer // tokens_per_step, stop_at_eos=False)
+
+
 def run(shape: str, concurrency: int, context: int, answer: int, device: str | None, chunk_size: int, top_k: int,
         rounds: int = 4, poisson_questions: int = 64, load: float = 0.8, max_batch: int | None = None,
-        progress=print, seed: int = 0) -> list[LoadPhase]:
+        progress=print, seed: int = 0, scoring: ScoringParams = BENCH_SCORING, prefilter: int = 0,
+        tokens_per_step: int = 1) -> list[LoadPhase]:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     cfg = SHAPES[shape]
@@ -104,9 +119,18 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
             for _ in range(concurrency)]
     prompts = [random_question(cfg, gen) for _ in range(concurrency)]
     documents_gib = sum(d.keys.nbytes + d.values.nbytes for d in docs) / 2**30
-    sampling = SamplingParams(decoder="low_confidence", gen_length=answer, block_length=min(32, answer), steps=answer,
-                              stop_at_eos=False)
-    params = AnswerParams(top_k=top_k, kv_mode="static", scoring=BENCH_SCORING, sampling=sampling)
+    params = AnswerParams(top_k=top_k, kv_mode="static", scoring=scoring,
+                          sampling=answer_sampling(answer, tokens_per_step))
+    if prefilter:
+        conn, question = synthetic_index(docs[0].num_chunks, gen)
+        chosen = candidate_ordinals(conn, question, docs[0].num_chunks, prefilter)
+        conn.close()
+
+        def documents(i: int):
+            return lambda: [take_chunks(docs[i], chosen)]
+    else:
+        def documents(i: int):
+            return [docs[i]]
     scheduler = AnswerScheduler(runner, None, max_batch=max_batch or concurrency,
                                 max_waiting=max(64, concurrency + poisson_questions))
     phases: list[LoadPhase] = []
@@ -120,19 +144,19 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
 
     try:
         # Warm-up, untimed: compilation, CUDA graphs, the allocator's growth to a full batch.
-        _threads([lambda i=i: list(scheduler.submit([docs[i]], prompts[i], params)) for i in range(concurrency)])
-        _threads([lambda i=i: list(scheduler.submit([docs[i]], prompts[i], params)) for i in range(concurrency)])
+        _threads([lambda i=i: list(scheduler.submit(documents(i), prompts[i], params)) for i in range(concurrency)])
+        _threads([lambda i=i: list(scheduler.submit(documents(i), prompts[i], params)) for i in range(concurrency)])
         single = _Phase(scheduler, "single")
         for i in range(min(concurrency, 4)):
-            single.ask(docs[i], prompts[i], params)
+            single.ask(documents(i), prompts[i], params)
         report(single.result())
 
         burst = _Phase(scheduler, "burst")
-        _threads([lambda i=i: burst.ask(docs[i], prompts[i], params) for i in range(concurrency)])
+        _threads([lambda i=i: burst.ask(documents(i), prompts[i], params) for i in range(concurrency)])
         report(burst.result())
 
         closed = _Phase(scheduler, "closed")
-        _threads([lambda i=i: [closed.ask(docs[i], prompts[i], params) for _ in range(rounds)]
+        _threads([lambda i=i: [closed.ask(documents(i), prompts[i], params) for _ in range(rounds)]
                   for i in range(concurrency)])
         capacity = closed.result()
         report(capacity)
@@ -143,7 +167,7 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
         askers = []
         for k in range(poisson_questions):
             i = k % concurrency
-            askers.append(threading.Thread(target=poisson.ask, args=(docs[i], prompts[i], params)))
+            askers.append(threading.Thread(target=poisson.ask, args=(documents(i), prompts[i], params)))
             askers[-1].start()
             time.sleep(arrivals.expovariate(rate))
         for t in askers:

@@ -285,6 +285,7 @@ class ScoringPass:
         rows, read, window = shape
         b, c = end - start, doc.chunk_size
         self.runner, self.shape = runner, shape
+        self.captured = use_graph  # asked for a graph (the call may still fall back to eager)
         # Weak references: a kept pass must not keep the document's KV alive (a captured graph
         # reads it by address, and is only replayed while `keys_ref()` is the document's KV).
         self.keys_ref, self.values_ref = weakref.ref(doc.keys), weakref.ref(doc.values)
@@ -364,24 +365,37 @@ def score_document(runner: Runner, doc: DocumentKV, rows: ScoringRows, params: S
 
 def kept_scoring_passes(runner: Runner, doc: DocumentKV, ranges: list[tuple[int, int]],
                         shape: tuple[int, int, int]) -> list[ScoringPass]:
-    """The scoring forwards over `doc`'s chunk ranges, kept by the runner across questions, with
-    captured graphs on CUDA when the document's KV is on the model's device. Kept while that KV
-    tensor lives (a weak reference: a kept pass never keeps a document alive). A document that
-    needs more passes than are kept gets new eager ones: cycling through more than the runner
-    keeps would recapture every pass on every question."""
+    """The scoring forwards over `doc`'s chunk ranges, kept by the runner across questions while
+    that KV tensor lives (a weak reference: a kept pass never keeps a document alive).
+
+    A pass is captured as a CUDA graph the second time its KV is scored, not the first: a graph
+    reads the KV by address, so it pays only for a document that stays resident. A prefiltered
+    question's candidates are a new tensor every time (`take_chunks`): capturing their passes
+    cost a capture per question for graphs never replayed, and under load the captures failed in
+    the caching allocator (one per question, then eager anyway). A document that needs more
+    passes than are kept gets new eager ones: cycling through more than the runner keeps would
+    recapture every pass on every question."""
     kept = runner.kept_items("scoring")
     for stale in [key for key, p in kept.items() if p.keys_ref() is None]:
         del kept[stale]
     if len(ranges) > MAX_SCORING_PASSES:
         return [ScoringPass(runner, doc, start, end, shape, False) for start, end in ranges]
-    use_graph = runner.uses_graphs and doc.keys.device == runner.device
-    # The scoring graphs share one memory pool: each one's outputs are read before the next replays.
-    pool = kept_pool(runner, "scoring") if use_graph else None
+    graphs = runner.uses_graphs and doc.keys.device == runner.device
+    passes = []
     # At most MAX_SCORING_PASSES ranges, each kept last: none of this document's evicts another.
-    return [runner.kept("scoring", (id(doc.keys), start, end, shape), MAX_SCORING_PASSES,
-                        lambda start=start, end=end: ScoringPass(runner, doc, start, end, shape, use_graph, pool),
-                        fits=lambda p: p.keys_ref() is doc.keys)
-            for start, end in ranges]
+    for start, end in ranges:
+        key = (id(doc.keys), start, end, shape)
+        seen = key in kept and kept[key].keys_ref() is doc.keys
+        capture = graphs and seen
+
+        def make(start=start, end=end, capture=capture) -> ScoringPass:
+            # The scoring graphs share one memory pool: each one's outputs are read before the next replays.
+            pool = kept_pool(runner, "scoring") if capture else None
+            return ScoringPass(runner, doc, start, end, shape, capture, pool)
+
+        passes.append(runner.kept("scoring", key, MAX_SCORING_PASSES, make,
+                                  fits=lambda p, capture=capture: p.keys_ref() is doc.keys and p.captured >= capture))
+    return passes
 
 
 def _past(keys: torch.Tensor, values: torch.Tensor, start: int, end: int, device: torch.device):

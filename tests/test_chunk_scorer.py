@@ -253,12 +253,12 @@ def test_scoring_passes_are_captured_once_their_kv_is_scored_again(engines, monk
     first = kept_scoring_passes(runner, doc, [(0, 3), (3, 5)], shape)
     second = kept_scoring_passes(runner, doc, [(0, 3), (3, 5)], shape)
     third = kept_scoring_passes(runner, doc, [(0, 3), (3, 5)], shape)
-    assert [p.captured for p in first] == [False, False] and [p.captured for p in second] == [True, True]
+    assert [p.wants_graph for p in first] == [False, False] and [p.wants_graph for p in second] == [True, True]
     assert third[0] is second[0] and third[1] is second[1]
     assert len(runner.kept_items("scoring")) == 2
     for _ in range(3):
         cut = take_chunks(doc, [0, 2, 4])
-        assert [p.captured for p in kept_scoring_passes(runner, cut, [(0, 3)], shape)] == [False]
+        assert [p.wants_graph for p in kept_scoring_passes(runner, cut, [(0, 3)], shape)] == [False]
 
 
 @pytest.mark.parametrize("family", ["dream", "llada"])

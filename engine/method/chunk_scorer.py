@@ -285,7 +285,7 @@ class ScoringPass:
         rows, read, window = shape
         b, c = end - start, doc.chunk_size
         self.runner, self.shape = runner, shape
-        self.captured = use_graph  # asked for a graph (the call may still fall back to eager)
+        self.wants_graph = use_graph  # capture on the first call (which may still fall back to eager)
         # Weak references: a kept pass must not keep the document's KV alive (a captured graph
         # reads it by address, and is only replayed while `keys_ref()` is the document's KV).
         self.keys_ref, self.values_ref = weakref.ref(doc.keys), weakref.ref(doc.values)
@@ -393,8 +393,10 @@ def kept_scoring_passes(runner: Runner, doc: DocumentKV, ranges: list[tuple[int,
             pool = kept_pool(runner, "scoring") if capture else None
             return ScoringPass(runner, doc, start, end, shape, capture, pool)
 
-        passes.append(runner.kept("scoring", key, MAX_SCORING_PASSES, make,
-                                  fits=lambda p, capture=capture: p.keys_ref() is doc.keys and p.captured >= capture))
+        def fits(kept_pass: ScoringPass, capture=capture) -> bool:
+            return kept_pass.keys_ref() is doc.keys and kept_pass.wants_graph >= capture
+
+        passes.append(runner.kept("scoring", key, MAX_SCORING_PASSES, make, fits=fits))
     return passes
 
 

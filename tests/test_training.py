@@ -297,12 +297,18 @@ def test_generated_lookups_read_both_subject_and_relation_and_never_a_held_out_f
         assert answer != relations.NOT_FOUND and answer in text, (question, answer)  # always answerable
 
 
-def test_text_denoising_restores_the_text_that_follows_its_chunk():
+def _real_text_sampler(task: str, seed: int):
+    """(corpus, layout, sampler) drawing only `task`, over a corpus with 50 paragraphs of "real" text."""
     corpus = _corpus() | {"text_paragraphs": _flat([TOK.encode(f" Paragraph {i} says the daemon reads its file "
                                                                "at start and then listens.").ids for i in range(50)])}
     layout = make_layout(BUNDLED_MODEL, model_config(TOK))
-    sampler = TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=2,
-                          task_weights={"text_denoising": 1})
+    sampler = TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=seed,
+                          task_weights={task: 1})
+    return corpus, layout, sampler
+
+
+def test_text_denoising_restores_the_text_that_follows_its_chunk():
+    corpus, layout, sampler = _real_text_sampler("text_denoising", seed=2)
     stream = corpus["text_paragraphs"]["tokens"].tolist()
     for _ in range(20):
         ex = sampler.sample(4, scoring_share=0.0)
@@ -318,11 +324,7 @@ def test_text_denoising_restores_the_text_that_follows_its_chunk():
 def test_text_mdm_sequences_are_consecutive_text_every_token_a_target_attending_to_all():
     from training.tasks import ROLE_ANSWER, TEXT_MDM_LENGTH
 
-    corpus = _corpus() | {"text_paragraphs": _flat([TOK.encode(f" Paragraph {i} says the daemon reads its file "
-                                                               "at start and then listens.").ids for i in range(50)])}
-    layout = make_layout(BUNDLED_MODEL, model_config(TOK))
-    sampler = TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=3,
-                          task_weights={"text_mdm": 1})
+    corpus, layout, sampler = _real_text_sampler("text_mdm", seed=3)
     streams = [corpus[name]["tokens"].tolist() for name in ("text_paragraphs", "essay_sentences")]
     sources = set()
     for _ in range(30):

@@ -226,11 +226,10 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
     chatbot.select(pick_answer, [answers, chatbot], answer_outputs, api_visibility="private")
 
     def open_source(results, index, evt: gr.EventData):
-        data = getattr(evt, "_data", None) or {}
-        result = results[index] if 0 <= index < len(results) else None
-        cite = data.get("cite")
-        if result is None or not isinstance(cite, int) or not 0 <= cite < len(result.citations):
+        picked = _clicked_item(results, index, evt, "cite", lambda result: result.citations)
+        if picked is None:
             return viewer.HINT, "", gr.update(), None
+        result, cite = picked
         return viewer.show(service, viewer.target_of(_cite_dict(result, cite),
                                                      viewer.citation_caption(cite + 1, result.citations[cite])))
 
@@ -238,11 +237,10 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
 
     def open_bar(results, index, evt: gr.EventData):
         """A bar of the relevance plot: its chunk in the viewer, on the Chat tab."""
-        data = getattr(evt, "_data", None) or {}
-        result = results[index] if 0 <= index < len(results) else None
-        bar = data.get("bar")
-        if result is None or not isinstance(bar, int) or not 0 <= bar < len(result.scores):
+        picked = _clicked_item(results, index, evt, "bar", lambda result: result.scores)
+        if picked is None:
             return gr.update(), viewer.HINT, "", gr.update(), None
+        result, bar = picked
         s = result.scores[bar]
         caption = f"{s['document']}, p. {s['pages']} (score {s['score']:.2f}{', chosen' if s['selected'] else ''})"
         return (gr.Tabs(selected="chat"), *viewer.show(service, viewer.target_of(s, caption)))
@@ -268,6 +266,18 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
         return (gr.Dropdown(choices=conversation_choices(service)),)
 
     return cancel_closed_session, (refresh_conversations, [conversation])
+
+
+def _clicked_item(results: list[AskResult], index: int, evt: gr.EventData, key: str, items
+                  ) -> tuple[AskResult, int] | None:
+    """The answer shown and the item number a click in its HTML sent (`key` of the event's data),
+    or None when either is out of range; `items(result)` is the list the number points into."""
+    data = getattr(evt, "_data", None) or {}
+    result = results[index] if 0 <= index < len(results) else None
+    value = data.get(key)
+    if result is None or not isinstance(value, int) or not 0 <= value < len(items(result)):
+        return None
+    return result, value
 
 
 def _cite_dict(result: AskResult, i: int) -> dict:

@@ -3,17 +3,19 @@
 A question is submitted with its documents' KV and runs on the scheduler's thread in three parts:
 its draft, run in one batched pass with the other questions taken off the queue at the same time
 (`engine.method.answer.draft_answers`); its preparation (chunk scoring, selection, the context
-its answer is decoded over), one newcomer between two steps of the questions already decoding;
-then its decode steps. At each step the scheduler takes one LogitsRequest from every question
-being decoded, answers the StaticDecoders' together in one batched forward (`StaticBatch`: each
-row over its own chunks and answer; a captured CUDA graph per batch size) and any other decoder
-alone, and hands each question its DecodeStep. A question joins between steps, once prepared,
-and leaves when its answer is settled, so short answers never wait for long ones. Greedy answers
-are the same tokens as the question alone gives (tests/test_scheduler.py), up to the
-floating-point order of a batched matmul.
+its answer is decoded over), between two steps of the questions already decoding, with up to
+`max_prepare` other newcomers whose chunks are scored in shared passes
+(`engine.method.answer.score_questions`); then its decode steps. At each step the scheduler takes
+one LogitsRequest from every question being decoded, answers the StaticDecoders' together in one
+batched forward (`StaticBatch`: each row over its own chunks and answer; a captured CUDA graph per
+batch size) and any other decoder alone, and hands each question its DecodeStep. A question joins
+between steps, once prepared, and leaves when its answer is settled, so short answers never wait
+for long ones. Greedy answers are the same tokens as the question alone gives
+(tests/test_scheduler.py), up to the floating-point order of a batched matmul.
 
-The paged GPU layout shares one set of buffers (`engine.decode.paged`), so at most one question
-at a time decodes paged; the others admitted meanwhile take the contiguous layout and batch.
+The paged GPU layout shares one set of buffers (`engine.decode.paged`) and steps alone, so only a
+question prepared while no other is decoding or waiting takes it; the others take the contiguous
+layout and batch (a paged question beside a batch would cost a forward of its own every step).
 
 Model work of other kinds (a document's prefill) takes turns with the steps through `turn()`, a
 first-come-first-served lock, so an ingest and the questions interleave instead of one starving.
@@ -37,13 +39,17 @@ from engine.decode.loop import DecodeStep, LogitsRequest, decode_blocks
 from engine.decode.paged import PagedStaticDecoder, release_pages
 from engine.decode.static import StaticBatch
 from engine.method.answer import (
+    CACHED_KV_MODES,
     AnswerParams,
     AnswerResult,
+    ChunkScores,
     DraftedQuestion,
     PreparedAnswer,
     draft_answers,
     prepare_answer,
     question_prompt,
+    question_scoring_rows,
+    score_questions,
     uses_paged_layout,
 )
 from engine.method.kv_cache import DocumentKV
@@ -156,18 +162,24 @@ class AnswerScheduler:
 
     `max_batch`: questions decoded at once (more wait, prepared as others leave);
     `max_waiting`: questions that may wait beyond the batch's free places (waiting: submitted, not
-    yet prepared), past which `submit` raises QueueFull.
+    yet prepared), past which `submit` raises QueueFull;
+    `max_prepare`: newcomers prepared between two steps. More at once score in fewer, larger
+    passes (one reading of the weights for all), and fill the batch sooner: with one a step, an
+    answer of S steps caps the batch near S. Fewer keep the pause the decoding questions see
+    between two steps short.
     """
 
-    def __init__(self, runner: Runner, tokenizer, max_batch: int = 16, max_waiting: int = 64) -> None:
-        if max_batch < 1 or max_waiting < 0:
-            raise ValueError("max_batch must be >= 1 and max_waiting >= 0")
+    def __init__(self, runner: Runner, tokenizer, max_batch: int = 16, max_waiting: int = 64,
+                 max_prepare: int = 8) -> None:
+        if max_batch < 1 or max_waiting < 0 or max_prepare < 1:
+            raise ValueError("max_batch and max_prepare must be >= 1 and max_waiting >= 0")
         self.runner, self.tokenizer = runner, tokenizer
-        self.max_batch, self.max_waiting = max_batch, max_waiting
+        self.max_batch, self.max_waiting, self.max_prepare = max_batch, max_waiting, max_prepare
         self.turns = FairTurns()
         self.batch_sizes: collections.Counter[int] = collections.Counter()  # forwards run at each row count
+        self.prepared_together: collections.Counter[int] = collections.Counter()  # preparations by newcomers
         self._waiting: collections.deque[_Submitted] = collections.deque()
-        # Taken off the queue and drafted, waiting for their scoring and context (one a step).
+        # Taken off the queue and drafted, waiting for their scoring and context (up to max_prepare a step).
         self._admitting: list[tuple[_Submitted, DraftedQuestion]] = []
         self._pending = 0  # submitted and not yet prepared: those in `_waiting` and those being admitted
         self._active: list[_Active] = []
@@ -246,10 +258,11 @@ class AnswerScheduler:
                 newcomers = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
             if newcomers:
                 self._draft(newcomers)
-            # One newcomer is prepared between two steps of the questions decoding, so that a burst
-            # of arrivals does not stall them for every newcomer's scoring.
+            # Newcomers are prepared between two steps of the questions decoding, at most
+            # max_prepare at a time, so that a burst of arrivals does not stall them for all of it.
             if self._admitting:
-                self._prepare(*self._admitting.pop(0))
+                preparing, self._admitting = self._admitting[:self.max_prepare], self._admitting[self.max_prepare:]
+                self._prepare(preparing)
             if self._active:
                 with self.turns.turn():
                     self._step()
@@ -293,29 +306,68 @@ class AnswerScheduler:
         if submitted.interrupt_check is not None:
             submitted.interrupt_check()
 
-    def _prepare(self, submitted: _Submitted, question: DraftedQuestion) -> None:
-        params = submitted.params
+    def _prepare(self, newcomers: list[tuple[_Submitted, DraftedQuestion]]) -> None:
+        """Loads the newcomers' documents, scores their chunks together, then selects and builds
+        each one's context; each joins the batch (or ends with its error)."""
+        loaded = []
+        for submitted, question in newcomers:
+            try:
+                self._check(submitted)
+                # Outside a turn: a loader that has to prefill takes turns of its own.
+                documents = submitted.documents() if callable(submitted.documents) else submitted.documents
+                loaded.append((submitted, question, documents))
+            except BaseException as exc:  # noqa: BLE001 - the question's error goes to its asker
+                self._fail(submitted, exc)
+                with self._wake:
+                    self._pending -= 1
+        if not loaded:
+            return
+        self.prepared_together[len(loaded)] += 1
         try:
-            self._check(submitted)
-            # Outside a turn: a loader that has to prefill takes turns of its own.
-            documents = submitted.documents() if callable(submitted.documents) else submitted.documents
             with self.turns.turn():
-                self._prepare_answer(submitted, documents, question, params)
-        except BaseException as exc:  # noqa: BLE001 - the question's error goes to its asker
-            self._fail(submitted, exc)
+                try:
+                    scores = self._score_together(loaded)
+                except BaseException as exc:  # noqa: BLE001 - a failed shared pass fails its questions
+                    for submitted, _, _ in loaded:
+                        self._fail(submitted, exc)
+                    return
+                for (submitted, question, documents), scored in zip(loaded, scores, strict=True):
+                    try:
+                        self._prepare_answer(submitted, documents, question, scored, len(loaded))
+                    except BaseException as exc:  # noqa: BLE001 - the question's error goes to its asker
+                        self._fail(submitted, exc)
         finally:
             with self._wake:
-                self._pending -= 1
+                self._pending -= len(loaded)
+
+    def _score_together(self, loaded: list[tuple[_Submitted, DraftedQuestion, Sequence[DocumentKV]]]
+                        ) -> list[ChunkScores | None]:
+        """Each newcomer's chunk scores from passes shared by all of them, where two or more score
+        chunks (None: the question scores its own, in `prepare_answer`)."""
+        scoring = [i for i, (s, _, _) in enumerate(loaded) if s.params.kv_mode in CACHED_KV_MODES]
+        scores: list[ChunkScores | None] = [None] * len(loaded)
+        if len(scoring) < 2:
+            return scores
+        questions = [(loaded[i][2], question_scoring_rows(self.runner, loaded[i][1].prompt, loaded[i][1].draft,
+                                                          loaded[i][0].params), loaded[i][0].params.scoring)
+                     for i in scoring]
+        for i, scored in zip(scoring, score_questions(self.runner, questions), strict=True):
+            scores[i] = scored
+        return scores
 
     def _prepare_answer(self, submitted: _Submitted, documents: Sequence[DocumentKV], question: DraftedQuestion,
-                        params: AnswerParams) -> None:
+                        scored: ChunkScores | None, together: int) -> None:
+        """`together`: the newcomers prepared with this one (itself included)."""
         self._check(submitted)
-        paged_busy = any(isinstance(a.prepared.decoder, PagedStaticDecoder) for a in self._active)
-        if paged_busy and params.static_layout != "contiguous" and params.kv_mode == "static" \
+        params = submitted.params
+        # The paged layout steps alone (one set of page buffers, no batching), so beside any other
+        # question it would cost a forward of its own every step: it serves a question alone.
+        company = bool(self._active) or bool(self._admitting) or together > 1
+        if company and params.static_layout != "contiguous" and params.kv_mode == "static" \
                 and uses_paged_layout(self.runner, documents, params):
             params = dataclasses.replace(params, static_layout="contiguous")
         prepared = prepare_answer(self.runner, self.tokenizer, documents, question, params,
-                                  lambda: self._check(submitted), submitted.chunk_priors)
+                                  lambda: self._check(submitted), submitted.chunk_priors, scored)
         loop = decode_blocks(prepared.decoder, self.runner.cfg, prepared.sampling, prepared.generator,
                              self.runner.device)
         self._active.append(_Active(submitted, prepared, loop))
@@ -363,7 +415,8 @@ class AnswerScheduler:
             self._batches.pop(block_length).clear()  # no question of it left: let go of their contexts
         for group in by_block.values():
             self.batch_sizes[len(group)] += 1
-        self.batch_sizes[1] += len(alone)
+        if alone:
+            self.batch_sizes[1] += len(alone)
         replies: list[tuple[_Active, torch.Tensor | BaseException]] = []
         for block_length, group in by_block.items():
             batch = self._batches.setdefault(block_length, StaticBatch(self.runner))

@@ -2,7 +2,8 @@
 
 Prints each question's preparation by phase (draft, scoring, selection, context build) for 16
 questions on 16 different documents, then the batched static decode step (fixed buffers, a
-captured CUDA graph) for 1 to 16 questions at once, and the peak GPU memory.
+captured CUDA graph) for 1 to 16 questions at once, then a whole scheduler step of all of them
+(the batched forward, then each question's own sampling and commit), and the peak GPU memory.
 
     python scripts/profile_batched_step.py [--shape dream-7b] [--context 32768]
 """
@@ -16,7 +17,7 @@ import torch
 
 from engine import AnswerParams, SamplingParams
 from engine.attention import select_backend
-from engine.decode.loop import decode_blocks
+from engine.decode.loop import LogitsRequest, decode_blocks
 from engine.decode.static import StaticBatch
 from engine.method.answer import prepare_answer
 from engine.method.prefill import prefill_document
@@ -63,7 +64,30 @@ def main() -> None:
         print(f"batched graphed step n={size}: {(time.perf_counter() - start) * 50:.2f} ms a step", flush=True)
         batch.clear()
         size *= 2
+    loops = [decode_blocks(p.decoder, cfg, p.sampling, p.generator, device) for p in prepared]
+    requests = [next(loop) for loop in loops]
+    batch, forward_s, own_s = StaticBatch(runner), 0.0, 0.0
+    for step in range(24):  # 4 untimed, then 20 timed
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        logits = batch.slot_logits(requests)
+        torch.cuda.synchronize()
+        middle = time.perf_counter()
+        requests = [_next_request(loop, reply) for loop, reply in zip(loops, logits, strict=True)]
+        torch.cuda.synchronize()
+        if step >= 4:
+            forward_s, own_s = forward_s + middle - start, own_s + time.perf_counter() - middle
+    print(f"scheduler step n={n}: batched forward {forward_s * 50:.2f} ms, the questions' own sampling and commit "
+          f"{own_s * 50:.2f} ms a step", flush=True)
     print(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+
+
+def _next_request(loop, reply):
+    """Sends the logits into a question's decode loop and runs it to its next LogitsRequest."""
+    item = loop.send(reply)
+    while not isinstance(item, LogitsRequest):
+        item = loop.send(None)
+    return item
 
 
 if __name__ == "__main__":

@@ -10,11 +10,13 @@ from engine.attention import BACKENDS, causal_mask, full_mask
 from engine.method.chunk_scorer import (
     MAX_DRAFT_PASSES,
     MAX_SCORING_PASSES,
+    ScoringJob,
     draft_pseudo_labels,
     draft_rows,
     kept_draft_pass,
     kept_scoring_passes,
     score_document,
+    score_documents_together,
     scoring_layout,
     scoring_rows,
 )
@@ -169,13 +171,17 @@ def test_scoring_layout_pads_and_separates_folds():
     folds = masking_folds(rows.targets, 2)  # targets 0, 2, 4 hidden in fold 0; 1, 3 in fold 1
     layout = scoring_layout(rows, folds, shifted=False, mask_token_id=3, round_to=4)
     assert layout.shape == (16, 8, 2)  # 2 folds of 8 rows (5 padded to 8); 3 reads padded to 4 per fold
-    assert layout.ids.tolist() == [3, 6, 3, 8, 3, 3, 3, 3, 5, 3, 7, 3, 9, 3, 3, 3]
-    assert not layout.row_mask[0, 8:].any() and not layout.row_mask[:, 5:8].any()  # no other fold, no padding
-    assert layout.read.tolist()[:3] == [0, 2, 4] and layout.read.tolist()[4:6] == [9, 11]
+    assert layout.ids.tolist() == [3, 3, 3, 3, 6, 3, 8, 3, 3, 3, 3, 5, 3, 7, 3, 9]  # padding first
+    assert layout.offsets.tolist()[:8] == [0, 0, 0, 0, 1, 2, 3, 4]
+    assert not layout.row_mask[0, 8:].any() and not layout.row_mask[:, 8:11].any()  # no other fold, no padding
+    assert layout.read.tolist()[:3] == [3, 5, 7] and layout.read.tolist()[4:6] == [12, 14]
     assert layout.read_tokens.tolist()[:3] == [5, 7, 9] and layout.read_valid.sum() == 5
+    assert layout.window.tolist() == [6, 7]
     causal = scoring_layout(scoring_rows([5, 6, 7], (0, 3), None, 2, shifted=True), None, True, 3, 4)
-    assert causal.row_mask[:3, :3].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
-    assert causal.read.tolist()[:2] == [0, 1] and causal.read_tokens.tolist()[:2] == [6, 7]
+    assert causal.row_mask[1:, 1:].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    assert causal.read.tolist()[:2] == [1, 2] and causal.read_tokens.tolist()[:2] == [6, 7]
+    wide = scoring_layout(rows, folds, shifted=False, mask_token_id=3, round_to=4, rows_per_fold=9, reads_per_fold=5)
+    assert wide.shape == (24, 16, 2) and wide.window.tolist() == [10, 11]  # the window stays last
 
 
 def test_leave_one_out_and_folds_agree_on_ranking():
@@ -274,3 +280,31 @@ def test_drafts_in_one_batched_pass_equal_each_alone(engines, family):
     for a, b in zip(alone, batched, strict=True):
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.committed, b.committed)
         assert int(b.committed.sum()) == 3
+
+
+@pytest.mark.parametrize("family,folds", [("dream", None), ("llada", 3), ("llada", None)])
+def test_shared_passes_score_each_job_as_it_scores_alone(engines, family, folds):
+    """Several questions' documents (odd lengths and chunk counts) in shared passes, split where a
+    pass fills, questions of several lengths padded to one shape, a question shorter than the
+    window (a pass of its own) and the attention scorer among them: each job's scores, token
+    scores and anchors equal its own `score_document`'s."""
+    engine = engines[family]
+    runner, cfg = engine.runner, engine.config
+    docs = [prefill_document(runner, doc_ids(length, 60, seed=20 + i), chunk_size=16)
+            for i, length in enumerate((5 * 16 - 7, 2 * 16 + 3, 9 * 16 - 1, 15))]
+    queries = [doc_ids(n, 60, seed=30 + n).tolist() for n in (11, 7, 15, 3)]
+    jobs = []
+    for i, (doc, query) in enumerate(zip(docs, queries, strict=True)):
+        rows = scoring_rows(query, (1, len(query) - 1), None, 4, cfg.logits_shifted)
+        scorer = "attention" if i == 1 else "self_information"
+        jobs.append(ScoringJob(doc, rows, ScoringParams(scorer=scorer, llada_folds=folds, max_rows=150)))
+    jobs.append(ScoringJob(docs[0], jobs[2].rows, jobs[2].params))  # one document for two questions
+    together = score_documents_together(runner, jobs)
+    for job, got in zip(jobs, together, strict=True):
+        want = score_document(runner, job.document, job.rows, job.params, keep_passes=False)
+        torch.testing.assert_close(got.scores, want.scores, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got.anchors, want.anchors, atol=1e-5, rtol=1e-5)
+        if want.token_scores is None:
+            assert got.token_scores is None
+        else:
+            torch.testing.assert_close(got.token_scores, want.token_scores, atol=1e-5, rtol=1e-5)

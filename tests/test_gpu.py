@@ -138,5 +138,34 @@ def test_captured_draft_and_scoring_replay_like_eager(family, dream_dir, llada_d
             torch.testing.assert_close(torch.tensor(graphed.trace.scores), scored.scores, atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(graphed.trace.anchors_scoring, scored.anchors, atol=1e-4, rtol=1e-4)
     scoring, drafts = runner.kept_items("scoring"), runner.kept_items("draft")
-    assert scoring and all(p._call.graph is not None for p in scoring.values())  # really captured
+    # Captured on a document's second scoring at one shape ("Which river?" is asked twice).
+    assert scoring and any(p._call.graph is not None for p in scoring.values())
     assert drafts and all(p._call.graph is not None for p in drafts.values())
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_shared_scoring_passes_match_each_question_alone_on_gpu(family, dtype, dream_dir, llada_dir):
+    """Three questions' documents (odd lengths) scored in shared eager passes on the GPU give each
+    question's scores from the runner's kept passes (captured graphs, the second scoring), within
+    the dtype's tolerance."""
+    from engine import ScoringParams
+    from engine.method.chunk_scorer import ScoringJob, score_document, score_documents_together, scoring_rows
+
+    folder = dream_dir if family == "dream" else llada_dir
+    engine = Engine.from_pretrained(folder, device="cuda", dtype=dtype)
+    runner, cfg = engine.runner, engine.config
+    g = torch.Generator().manual_seed(3)
+    docs = [engine.prefill(torch.randint(5, 300, (n,), generator=g).tolist(), 32) for n in (301, 97, 515)]
+    jobs = []
+    for doc, n in zip(docs, (13, 9, 21), strict=True):
+        query = torch.randint(5, 300, (n,), generator=g).tolist()
+        rows = scoring_rows(query, (1, n - 1), None, 8, cfg.logits_shifted)
+        jobs.append(ScoringJob(doc, rows, ScoringParams(scorer="self_information", llada_folds=4, max_rows=700)))
+    together = score_documents_together(runner, jobs)
+    tol = BF16 if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
+    for job, got in zip(jobs, together, strict=True):
+        for _ in range(2):  # the second scoring replays the captured graphs
+            alone = score_document(runner, job.document, job.rows, job.params)
+        torch.testing.assert_close(got.scores, alone.scores, **tol)
+        torch.testing.assert_close(got.anchors, alone.anchors, **tol)

@@ -85,13 +85,17 @@ def test_scheduled_answers_equal_the_questions_alone(engines, family):
     alone = [engine.answer(doc, q, p) for doc, q, p in asks]
     scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=8)
     try:
-        handles = [scheduler.submit([doc], q, p) for doc, q, p in asks]
+        # Held while they arrive: the scheduler drafts the first (at most) and waits for the model,
+        # so the rest are prepared together, their chunks scored in shared passes.
+        with scheduler.turn():
+            handles = [scheduler.submit([doc], q, p) for doc, q, p in asks]
         results = []
         for handle in handles:
             events = list(handle)
             assert all(isinstance(e, DecodeStep) for e in events[:-1]) and isinstance(events[-1], AnswerResult)
             results.append(events[-1])
         assert max(scheduler.batch_sizes) > 1  # they did share steps
+        assert max(scheduler.prepared_together) > 1  # and scoring passes
     finally:
         scheduler.close()
     for a, b in zip(alone, results, strict=True):

@@ -78,6 +78,9 @@ def _build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--tokens-per-step", type=int, default=1,
                     help="with --concurrency: answer tokens committed at each decode step (default 1; a trained "
                          "model's threshold decoder commits several where it is confident)")
+    bn.add_argument("--max-prepare", type=int, default=8, metavar="Q",
+                    help="with --concurrency: newcomers the scheduler prepares between two steps, their chunks "
+                         "scored in shared passes (default 8, the app's)")
     bn.add_argument("--out", type=Path, default=Path("bench-out"))
 
     from tools.distributed_prefill import add_arguments
@@ -181,8 +184,8 @@ def _bench_concurrency(args: argparse.Namespace, scoring) -> int:
 
     from tools import load_bench
 
-    if not 0 < args.load <= 1.5 or not args.rounds:
-        print("docqa-tools: --load must be in (0, 1.5] and --rounds at least 1", file=sys.stderr)
+    if not 0 < args.load <= 1.5 or not args.rounds or args.max_prepare < 1:
+        print("docqa-tools: --load must be in (0, 1.5], --rounds and --max-prepare at least 1", file=sys.stderr)
         return EXIT_USAGE
     answer, prefilter = args.answers[0], args.prefilter[0]
     try:
@@ -193,13 +196,14 @@ def _bench_concurrency(args: argparse.Namespace, scoring) -> int:
     phases = load_bench.run(args.shape, args.concurrency, args.contexts[0], answer, args.device,
                             args.chunk_size, args.top_k, rounds=args.rounds, load=args.load,
                             progress=lambda line: print(line, file=sys.stderr, flush=True), scoring=scoring,
-                            prefilter=prefilter, tokens_per_step=args.tokens_per_step)
+                            prefilter=prefilter, tokens_per_step=args.tokens_per_step,
+                            max_prepare=args.max_prepare)
     meta = {"shape": args.shape, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "concurrency": args.concurrency, "context": args.contexts[0],
             "answer": answer, "chunk_size": args.chunk_size, "top_k": args.top_k, "load": args.load,
             "scorer": args.scorer, "llada_folds": args.llada_folds or "leave-one-out",
             "prefilter": prefilter or "every chunk",
-            "rule": f"{args.tokens_per_step} token(s) committed per step"}
+            "rule": f"{args.tokens_per_step} token(s) committed per step", "max_prepare": args.max_prepare}
     load_bench.write(phases, args.out, meta)
     print(load_bench.table(phases))
     return EXIT_OK

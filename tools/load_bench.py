@@ -52,6 +52,8 @@ class LoadPhase:
     p95_s: float
     batch_sizes: dict[int, int]  # steps run at each batch size
     peak_gib: float | None = None  # peak GPU memory allocated during the phase (the documents' KV included)
+    prepared_together: dict[int, int] | None = None  # preparations by the newcomers they took at once
+    phase_s: dict[str, float] | None = None  # mean seconds a question spent in each phase of its trace
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -65,8 +67,10 @@ class _Phase:
     def __init__(self, scheduler: AnswerScheduler, name: str) -> None:
         self.scheduler, self.name = scheduler, name
         self.latencies: list[float] = []
+        self.timings: list[dict[str, float]] = []
         self._lock = threading.Lock()
         scheduler.batch_sizes.clear()
+        scheduler.prepared_together.clear()
         self.cuda = scheduler.runner.device.type == "cuda"
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(scheduler.runner.device)
@@ -79,13 +83,17 @@ class _Phase:
             raise RuntimeError(f"a question ended without an answer: {events[-1]!r}")
         with self._lock:
             self.latencies.append(time.perf_counter() - t)
+            self.timings.append(events[-1].trace.timings)
 
     def result(self) -> LoadPhase:
         wall = time.perf_counter() - self.start
         n = len(self.latencies)
         peak = torch.cuda.max_memory_allocated(self.scheduler.runner.device) / 2**30 if self.cuda else None
+        phases = sorted({k for t in self.timings for k in t})
         return LoadPhase(self.name, n, wall, n / wall, statistics.median(self.latencies),
-                         _percentile(self.latencies, 0.95), dict(sorted(self.scheduler.batch_sizes.items())), peak)
+                         _percentile(self.latencies, 0.95), dict(sorted(self.scheduler.batch_sizes.items())), peak,
+                         dict(sorted(self.scheduler.prepared_together.items())),
+                         {k: statistics.fmean(t.get(k, 0.0) for t in self.timings) for k in phases})
 
 
 def _threads(targets) -> None:
@@ -109,7 +117,7 @@ def answer_sampling(answer: int, tokens_per_step: int = 1) -> SamplingParams:
 def run(shape: str, concurrency: int, context: int, answer: int, device: str | None, chunk_size: int, top_k: int,
         rounds: int = 4, poisson_questions: int = 64, load: float = 0.8, max_batch: int | None = None,
         progress=print, seed: int = 0, scoring: ScoringParams = BENCH_SCORING, prefilter: int = 0,
-        tokens_per_step: int = 1) -> list[LoadPhase]:
+        tokens_per_step: int = 1, max_prepare: int = 8) -> list[LoadPhase]:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     cfg = SHAPES[shape]
@@ -132,14 +140,15 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
         def documents(i: int):
             return [docs[i]]
     scheduler = AnswerScheduler(runner, None, max_batch=max_batch or concurrency,
-                                max_waiting=max(64, concurrency + poisson_questions))
+                                max_waiting=max(64, concurrency + poisson_questions), max_prepare=max_prepare)
     phases: list[LoadPhase] = []
 
     def report(phase: LoadPhase) -> None:
         phases.append(phase)
         progress(f"{shape} {phase.name:>8} x{phase.questions:<4}: wall {phase.wall_s:7.3f} s, "
                  f"{phase.throughput_qps:6.2f} q/s, p50 {phase.p50_s:6.3f} s, p95 {phase.p95_s:6.3f} s, "
-                 f"batch sizes {phase.batch_sizes}"
+                 f"batch sizes {phase.batch_sizes}, prepared together {phase.prepared_together}, "
+                 f"phases (mean s) " + ", ".join(f"{k} {v:.4f}" for k, v in (phase.phase_s or {}).items())
                  + (f", peak {phase.peak_gib:.1f} GiB (documents {documents_gib:.1f})" if phase.peak_gib else ""))
 
     try:
@@ -186,13 +195,15 @@ def write(phases: list[LoadPhase], out_dir: Path, meta: dict) -> None:
 
 def table(phases: list[LoadPhase]) -> str:
     single = next((p.p50_s for p in phases if p.name == "single"), None)
-    lines = ["| phase | questions | wall s | q/s | p50 s | p95 s | p95 / single | peak GiB | batch sizes (steps) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| phase | questions | wall s | q/s | p50 s | p95 s | p95 / single | peak GiB | batch sizes (steps) "
+             "| prepared together (times) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for p in phases:
         ratio = f"{p.p95_s / single:.2f}" if single else "-"
         sizes = ", ".join(f"{k}: {v}" for k, v in p.batch_sizes.items())
+        together = ", ".join(f"{k}: {v}" for k, v in (p.prepared_together or {}).items())
         peak = f"{p.peak_gib:.1f}" if p.peak_gib is not None else "-"
         lines.append(f"| {p.name} | {p.questions} | {p.wall_s:.3f} | {p.throughput_qps:.2f} | {p.p50_s:.3f} | "
-                     f"{p.p95_s:.3f} | {ratio} | {peak} | {sizes} |")
+                     f"{p.p95_s:.3f} | {ratio} | {peak} | {sizes} | {together} |")
     return "\n".join(lines)
 

@@ -28,12 +28,15 @@ from engine.decode.static import (
     build_static_context,
 )
 from engine.method.chunk_scorer import (
+    DocumentScores,
     Draft,
+    ScoringJob,
     ScoringParams,
     ScoringRows,
     chunk_relevance,
     kept_draft_pass,
     score_document,
+    score_documents_together,
     scoring_rows,
 )
 from engine.method.kv_cache import POSITION_MODES, DocumentKV, chunk_deltas, gather_kept_tokens
@@ -153,6 +156,7 @@ class ChunkScores:
     scores: torch.Tensor  # [N] fp32, higher = more relevant
     anchors: torch.Tensor  # [N, L] fp32: attention mass on each chunk's BOS while scoring
     token_scores: torch.Tensor | None  # [N, T] fp32 per scored target token (likelihood scorers), else None
+    seconds: float = 0.0  # a pass shared with other questions: its time (the trace reports it as this one's)
 
 
 class _Clock:
@@ -226,10 +230,39 @@ def draft_answers(runner: Runner, prompts: Sequence[QuestionPrompt], params: Seq
     return drafts
 
 
+def question_scoring_rows(runner: Runner, prompt: QuestionPrompt, draft: Draft | None,
+                          params: AnswerParams) -> ScoringRows:
+    """The rows the question scores every chunk with (its query, and its draft's tokens)."""
+    return scoring_rows(prompt.query_ids, prompt.question_span, draft, params.scoring.window,
+                        runner.cfg.logits_shifted)
+
+
 def score_chunks(runner: Runner, documents: Sequence[DocumentKV], rows: ScoringRows, params: ScoringParams,
                  interrupt_check: Callable[[], None] | None = None) -> ChunkScores:
     """Scores every chunk of every document (the runner keeps the passes across questions)."""
-    per_doc = [score_document(runner, doc, rows, params, interrupt_check) for doc in documents]
+    return _joined(runner, [score_document(runner, doc, rows, params, interrupt_check) for doc in documents])
+
+
+def score_questions(runner: Runner, questions: Sequence[tuple[Sequence[DocumentKV], ScoringRows, ScoringParams]]
+                    ) -> list[ChunkScores]:
+    """`score_chunks` of several questions (documents, rows, params each), all their chunks in
+    shared batched passes (`score_documents_together`); a question alone takes `score_chunks`'
+    kept passes (captured graphs for the documents that stay resident)."""
+    start = time.perf_counter()
+    if len(questions) == 1:
+        scored = [score_chunks(runner, *questions[0])]
+    else:
+        jobs = [ScoringJob(doc, rows, params) for documents, rows, params in questions for doc in documents]
+        per_job = iter(score_documents_together(runner, jobs))
+        scored = [_joined(runner, [next(per_job) for _ in documents]) for documents, _, _ in questions]
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)
+    seconds = time.perf_counter() - start
+    return [dataclasses.replace(s, seconds=seconds) for s in scored]
+
+
+def _joined(runner: Runner, per_doc: list[DocumentScores]) -> ChunkScores:
+    """The documents' scores as one ChunkScores, in `chunk_pool` order."""
     if not per_doc:
         return ChunkScores(torch.zeros(0), torch.zeros(0, runner.cfg.num_layers), None)
     by_token = [s.token_scores for s in per_doc]
@@ -322,9 +355,12 @@ class PreparedAnswer:
 def prepare_answer(runner: Runner, tokenizer, documents: Sequence[DocumentKV],
                    question: str | QuestionPrompt | DraftedQuestion,
                    params: AnswerParams = AnswerParams(), interrupt_check: Callable[[], None] | None = None,
-                   chunk_priors: Sequence[Sequence[float]] | None = None) -> PreparedAnswer:
+                   chunk_priors: Sequence[Sequence[float]] | None = None,
+                   scored: ChunkScores | None = None) -> PreparedAnswer:
     """Everything before the decode steps: the draft, the chunk scores, the selection and the
-    context the answer is decoded over (see `stream_answer` for the arguments)."""
+    context the answer is decoded over (see `stream_answer` for the other arguments). `scored`:
+    the chunks' scores when they were computed already (`score_questions`, with other questions;
+    from `question_scoring_rows` of the same draft)."""
     cfg = runner.cfg
     clock = _Clock(runner.device)
     t = time.perf_counter()
@@ -339,14 +375,15 @@ def prepare_answer(runner: Runner, tokenizer, documents: Sequence[DocumentKV],
         clock.timings["draft"] += question.seconds
     if interrupt_check is not None:
         interrupt_check()
-    rows = scoring_rows(prompt.query_ids, prompt.question_span, draft, params.scoring.window, cfg.logits_shifted)
+    rows = question_scoring_rows(runner, prompt, draft, params)
     candidates = [] if baseline else chunk_pool(documents)
     priors = None if chunk_priors is None else torch.tensor([p for doc in chunk_priors for p in doc])  # [N]
     if baseline:
         scored = ChunkScores(torch.zeros(0), torch.zeros(0, cfg.num_layers), None)
-    else:
+    elif scored is None:
         scored = score_chunks(runner, documents, rows, params.scoring, interrupt_check)
     t = clock.lap("scoring", t)
+    clock.timings["scoring"] += scored.seconds
     chosen = select_chunks(scored, priors, params)
     refs = [candidates[i] for i in chosen.tolist()]
     generator = torch.Generator(device=runner.device).manual_seed(params.sampling.seed)

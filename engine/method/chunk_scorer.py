@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 import torch
@@ -207,10 +207,12 @@ SCORING_ROUND = 4  # a fold's rows are padded to a multiple of this: one capture
 class ScoringLayout:
     """One chunk's scoring rows as a batch item: F folds of R padded rows side by side, sharing the
     chunk's KV (each fold sees the chunk and its own real rows only), so no fold copies the KV.
-    Positions continue the chunk's local ones (row r of a fold sits at chunk length + r)."""
+    A fold's real rows come last (padding first), so questions whose drafts and windows are of one
+    size put their window rows at the same indices and can share a pass (`score_documents_together`).
+    Positions continue the chunk's local ones (real row r of a fold sits at chunk length + r)."""
 
     ids: torch.Tensor  # [F*R] long: the rows' tokens, each fold's hidden targets masked; padding = mask id
-    offsets: torch.Tensor  # [F*R] long: r, the row's index within its fold
+    offsets: torch.Tensor  # [F*R] long: r, the row's index among its fold's real rows (0 for padding)
     row_mask: torch.Tensor  # [F*R, F*R] bool: which rows a row attends to
     read: torch.Tensor  # [F*T'] long: rows whose logits score a target (T' = targets per fold, padded)
     read_tokens: torch.Tensor  # [F*T'] long: the token each read row is scored on
@@ -222,22 +224,28 @@ class ScoringLayout:
         """What a captured scoring graph depends on: rows, read rows, window rows per batch item."""
         return self.ids.numel(), self.read.numel(), self.window.numel()
 
+    def to(self, device: torch.device) -> ScoringLayout:
+        return ScoringLayout(**{f.name: getattr(self, f.name).to(device) for f in fields(ScoringLayout)})
+
 
 def scoring_layout(rows: ScoringRows, folds: torch.Tensor | None, shifted: bool, mask_token_id: int,
-                   round_to: int = SCORING_ROUND) -> ScoringLayout:
+                   round_to: int = SCORING_ROUND, rows_per_fold: int = 0, reads_per_fold: int = 0) -> ScoringLayout:
     """Pure: the batch item every chunk is scored with. `folds` (bool [F, n], masked likelihood):
     fold f hides its targets and reads them in place; None (shifted logits): one causal fold, each
-    target read from the row before it."""
+    target read from the row before it. A fold has at least `rows_per_fold` rows and reads (a
+    shared pass pads its questions to one shape); both are rounded up to `round_to`."""
     n = rows.ids.numel()
-    pad = -(-n // round_to) * round_to
+    pad = -(-max(n, rows_per_fold) // round_to) * round_to
+    lead = pad - n  # padding rows before the real ones
     plan = torch.zeros(1, n, dtype=torch.bool) if folds is None else folds
     n_folds = plan.shape[0]
     ids = torch.full((n_folds, pad), mask_token_id, dtype=torch.long)
-    ids[:, :n] = rows.ids
-    ids[:, :n][plan] = mask_token_id
-    local = torch.arange(pad)
+    ids[:, lead:] = rows.ids
+    ids[:, lead:][plan] = mask_token_id
+    local = (torch.arange(pad) - lead).clamp_min(0)
+    real = (torch.arange(pad) >= lead).repeat(n_folds)
     fold_of = torch.arange(n_folds * pad) // pad
-    seen = (fold_of[:, None] == fold_of[None, :]) & (local.repeat(n_folds) < n)[None, :]
+    seen = (fold_of[:, None] == fold_of[None, :]) & real[None, :]
     if shifted:
         seen &= local.repeat(n_folds)[None, :] <= local.repeat(n_folds)[:, None]
     if folds is None:
@@ -246,16 +254,17 @@ def scoring_layout(rows: ScoringRows, folds: torch.Tensor | None, shifted: bool,
     else:
         per_fold_read = [torch.nonzero(f)[:, 0] for f in plan]
         per_fold_tokens = [rows.ids[f] for f in plan]
-    width = -(-max(max(r.numel() for r in per_fold_read), 1) // round_to) * round_to
+    most = max(max(r.numel() for r in per_fold_read), reads_per_fold, 1)
+    width = -(-most // round_to) * round_to
     read = torch.zeros(n_folds, width, dtype=torch.long)
     tokens = torch.zeros(n_folds, width, dtype=torch.long)
     valid = torch.zeros(n_folds, width, dtype=torch.bool)
     for f, (r, t) in enumerate(zip(per_fold_read, per_fold_tokens, strict=True)):
-        read[f, :r.numel()] = r + f * pad
+        read[f, :r.numel()] = r + lead + f * pad
         tokens[f, :t.numel()] = t
         valid[f, :r.numel()] = True
     return ScoringLayout(ids=ids.flatten(), offsets=local.repeat(n_folds), row_mask=seen, read=read.flatten(),
-                         read_tokens=tokens.flatten(), read_valid=valid.flatten(), window=rows.window)
+                         read_tokens=tokens.flatten(), read_valid=valid.flatten(), window=rows.window + lead)
 
 
 def chunk_batches(n_chunks: int, rows_per_chunk: int, max_rows: int) -> list[tuple[int, int]]:
@@ -272,6 +281,23 @@ def _attention_summary(chunk_size: int):
         content = probs[..., 1:chunk_size].sum(-1).mean(dim=(1, 2))  # masked keys hold exactly 0
         return torch.stack((bos, content), -1)
     return reduce
+
+
+def _scoring_forward(runner: Runner, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, past: list,
+                     read: torch.Tensor, read_tokens: torch.Tensor, capture: AttentionCapture
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One scoring forward of b chunk items: ids/positions [b, rows], mask [b, 1, rows, C + rows],
+    past per layer [b, Hkv, C, D], read and read_tokens [F*T'] or [b, F*T']. Returns the read
+    rows' log-probabilities [b, F*T'] fp32 and the attention summary [b, L, 2] (BOS, content)."""
+    out = runner.forward(ids, positions, dense_mask(mask), past=past, logits_rows=read, capture=capture,
+                         return_kv=False)
+    summary = torch.stack([out.attention[i] for i in range(runner.cfg.num_layers)], 1)  # [b, L, 2]
+    tokens = read_tokens.expand(ids.shape[0], -1)
+    # log p(token) per read row, a few chunks at a time: the fp32 log-softmax over the vocabulary
+    # is the largest temporary of the pass.
+    lp = torch.cat([gather_log_probs(part, part_tokens)
+                    for part, part_tokens in zip(out.logits.split(16), tokens.split(16), strict=True)])
+    return lp, summary
 
 
 class ScoringPass:
@@ -303,14 +329,8 @@ class ScoringPass:
 
     def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
         past = _past(self.keys_ref(), self.values_ref(), self.start, self.end, self.ids.device)
-        out = self.runner.forward(self.ids, self.positions, dense_mask(self.mask), past=past,
-                                  logits_rows=self.read, capture=self.capture, return_kv=False)
-        summary = torch.stack([out.attention[i] for i in range(self.runner.cfg.num_layers)], 1)  # [b, L, 2]
-        # log p(token) per read row, a few chunks at a time: the fp32 log-softmax over the
-        # vocabulary is the largest temporary of the pass.
-        lp = torch.cat([gather_log_probs(part, self.read_tokens[None].expand(part.shape[0], -1))
-                        for part in out.logits.split(16)])  # [b, F*T']
-        return lp, summary
+        return _scoring_forward(self.runner, self.ids, self.positions, self.mask, past, self.read,
+                                self.read_tokens[None], self.capture)
 
     def __call__(self, layout: ScoringLayout) -> tuple[torch.Tensor, torch.Tensor]:
         assert layout.shape == self.shape and layout.ids.device == self.ids.device
@@ -324,6 +344,45 @@ class ScoringPass:
         return self._call()
 
 
+def question_layout(runner: Runner, rows: ScoringRows, params: ScoringParams, rows_per_fold: int = 0,
+                    reads_per_fold: int = 0) -> ScoringLayout:
+    """The question's scoring layout for the runner's model (folds by the scorer), on its device."""
+    cfg = runner.cfg
+    likelihood = params.scorer in LIKELIHOOD_SCORERS
+    folds = masking_folds(rows.targets, params.llada_folds) if likelihood and not cfg.logits_shifted else None
+    return scoring_layout(rows, folds, cfg.logits_shifted, cfg.mask_token_id, rows_per_fold=rows_per_fold,
+                          reads_per_fold=reads_per_fold).to(runner.device)
+
+
+class _ScoreSink:
+    """A document's scores, filled pass by pass from the passes' log-probabilities and summaries."""
+
+    def __init__(self, num_chunks: int, num_layers: int, layout: ScoringLayout, params: ScoringParams) -> None:
+        self.params = params
+        self.valid_reads = torch.nonzero(layout.read_valid)[:, 0]  # [T]: once a document (a host sync)
+        self.scores = torch.empty(num_chunks)
+        self.anchors = torch.empty(num_chunks, num_layers)
+        self.token_scores = (torch.empty(num_chunks, self.valid_reads.numel())
+                             if params.scorer in LIKELIHOOD_SCORERS else None)
+
+    def add(self, start: int, end: int, log_probs: torch.Tensor, summary: torch.Tensor) -> None:
+        """Chunks [start, end): log_probs [b, F*T'], summary [b, L, 2] (device tensors)."""
+        params = self.params
+        self.anchors[start:end] = summary[..., 0].cpu()
+        if params.scorer == "attention":
+            self.scores[start:end] = summary[:, -params.attention_layers:, 1].mean(1).cpu()
+        elif params.scorer == "none":
+            self.scores[start:end] = -torch.arange(start, end, dtype=torch.float32)
+        else:
+            # One copy to the host a pass: the chunk score is the mean of its token scores.
+            part = log_probs.index_select(1, self.valid_reads).cpu()
+            self.token_scores[start:end] = part
+            self.scores[start:end] = mean_over_targets(part, torch.ones_like(part, dtype=torch.bool))
+
+    def result(self) -> DocumentScores:
+        return DocumentScores(scores=self.scores, anchors=self.anchors, token_scores=self.token_scores)
+
+
 @torch.inference_mode()
 def score_document(runner: Runner, doc: DocumentKV, rows: ScoringRows, params: ScoringParams,
                    interrupt_check: Callable[[], None] | None = None, keep_passes: bool = True) -> DocumentScores:
@@ -331,16 +390,8 @@ def score_document(runner: Runner, doc: DocumentKV, rows: ScoringRows, params: S
     passes (`kept_scoring_passes`, captured graphs on CUDA), or with `keep_passes` False new eager
     ones (the reference). `interrupt_check` is called before each pass and raises to stop (a
     cancelled question: scoring a long document is the longest stretch without a decode step)."""
-    cfg = runner.cfg
-    likelihood = params.scorer in LIKELIHOOD_SCORERS
-    folds = masking_folds(rows.targets, params.llada_folds) if likelihood and not cfg.logits_shifted else None
-    layout = scoring_layout(rows, folds, cfg.logits_shifted, cfg.mask_token_id)
-    # On the model's device once per document, not once per pass.
-    layout = ScoringLayout(**{f.name: getattr(layout, f.name).to(runner.device) for f in fields(ScoringLayout)})
-    scores = torch.empty(doc.num_chunks)
-    anchors = torch.empty(doc.num_chunks, cfg.num_layers)
-    valid_reads = torch.nonzero(layout.read_valid)[:, 0]  # [T]: once a document (a host sync), not a pass
-    token_scores = torch.empty(doc.num_chunks, valid_reads.numel()) if likelihood else None
+    layout = question_layout(runner, rows, params)  # on the model's device once per document
+    sink = _ScoreSink(doc.num_chunks, runner.cfg.num_layers, layout, params)
     ranges = chunk_batches(doc.num_chunks, layout.shape[0], params.max_rows)
     if keep_passes:
         forwards = kept_scoring_passes(runner, doc, ranges, layout.shape)
@@ -349,18 +400,103 @@ def score_document(runner: Runner, doc: DocumentKV, rows: ScoringRows, params: S
     for (start, end), forward in zip(ranges, forwards, strict=True):
         if interrupt_check is not None:
             interrupt_check()
-        log_probs, summary = forward(layout)
-        anchors[start:end] = summary[..., 0].cpu()
-        if params.scorer == "attention":
-            scores[start:end] = summary[:, -params.attention_layers:, 1].mean(1).cpu()
-        elif params.scorer == "none":
-            scores[start:end] = -torch.arange(start, end, dtype=torch.float32)
-        else:
-            # One copy to the host a pass: the chunk score is the mean of its token scores.
-            token_scores[start:end] = log_probs.index_select(1, valid_reads).cpu()
-            scores[start:end] = mean_over_targets(token_scores[start:end],
-                                                  torch.ones_like(token_scores[start:end], dtype=torch.bool))
-    return DocumentScores(scores=scores, anchors=anchors, token_scores=token_scores)
+        sink.add(start, end, *forward(layout))
+    return sink.result()
+
+
+@dataclass(frozen=True)
+class ScoringJob:
+    """One document to score for one question (a question over several documents is several jobs)."""
+
+    document: DocumentKV
+    rows: ScoringRows
+    params: ScoringParams
+
+
+def _sharing_key(job: ScoringJob, shifted: bool) -> tuple:
+    """Jobs with one key can share a pass: the same fold count, chunk size, KV dtype and device,
+    and window rows at the same indices once left-padded to one shape (the rows after the window,
+    i.e. the draft's slots, and the window's size agree)."""
+    rows, params = job.rows, job.params
+    likelihood = params.scorer in LIKELIHOOD_SCORERS
+    folds = masking_folds(rows.targets, params.llada_folds).shape[0] if likelihood and not shifted else 1
+    after_window = rows.ids.numel() - 1 - int(rows.window[-1])
+    doc = job.document
+    return folds, after_window, rows.window.numel(), doc.chunk_size, doc.keys.dtype, doc.keys.device
+
+
+@torch.inference_mode()
+def score_documents_together(runner: Runner, jobs: Sequence[ScoringJob]) -> list[DocumentScores]:
+    """`score_document` of several jobs (documents of several questions), their chunks sharing
+    eager batched passes of at most `max_rows` rows: one pass reads the weights for many questions,
+    where each question alone would read them for its few chunks. Each item's KV is copied into
+    the pass (the chunks of different documents are not one tensor). Scores equal each job's alone,
+    up to the floating-point order of a larger matmul (tests/test_chunk_scorer.py)."""
+    cfg = runner.cfg
+    results: list[DocumentScores | None] = [None] * len(jobs)
+    groups: dict[tuple, list[int]] = {}
+    for j, job in enumerate(jobs):
+        groups.setdefault(_sharing_key(job, cfg.logits_shifted), []).append(j)
+    for members in groups.values():
+        first = [question_layout(runner, jobs[j].rows, jobs[j].params) for j in members]
+        folds = _sharing_key(jobs[members[0]], cfg.logits_shifted)[0]
+        per_fold = max(layout.ids.numel() for layout in first) // folds
+        reads = max(layout.read.numel() for layout in first) // folds
+        layouts = [question_layout(runner, jobs[j].rows, jobs[j].params, per_fold, reads) for j in members]
+        sinks = [_ScoreSink(jobs[j].document.num_chunks, cfg.num_layers, layout, jobs[j].params)
+                 for j, layout in zip(members, layouts, strict=True)]
+        rows_per_item, c = layouts[0].ids.numel(), jobs[members[0]].document.chunk_size
+        budget = min(jobs[j].params.max_rows for j in members)
+        runs = [(m, 0, jobs[j].document.num_chunks) for m, j in enumerate(members)]  # (member, chunks [start, end))
+        capture = AttentionCapture(tuple(range(cfg.num_layers)), layouts[0].window, _attention_summary(c))
+        for batch in _pack_runs(runs, max(1, budget // rows_per_item)):
+            items = [(jobs[members[m]].document, start, end, layouts[m]) for m, start, end in batch]
+            log_probs, summary = _shared_pass(runner, items, capture)
+            at = 0
+            for m, start, end in batch:
+                sinks[m].add(start, end, log_probs[at:at + end - start], summary[at:at + end - start])
+                at += end - start
+        for j, sink in zip(members, sinks, strict=True):
+            results[j] = sink.result()
+    return results
+
+
+def _shared_pass(runner: Runner, items: list[tuple[DocumentKV, int, int, ScoringLayout]],
+                 capture: AttentionCapture) -> tuple[torch.Tensor, torch.Tensor]:
+    """One eager scoring forward over runs of chunks (document, [start, end), its question's
+    layout, all layouts of one shape): their KV copied side by side, each item its layout's rows."""
+    cfg, device = runner.cfg, runner.device
+    keys = torch.cat([doc.keys[:, s:e].to(device, non_blocking=True) for doc, s, e, _ in items], 1)  # [L, b, Hkv, C, D]
+    values = torch.cat([doc.values[:, s:e].to(device, non_blocking=True) for doc, s, e, _ in items], 1)
+    lengths = torch.cat([doc.lengths[s:e] for doc, s, e, _ in items]).to(device)  # [b]
+    counts = torch.tensor([e - s for _, s, e, _ in items])
+
+    def per_item(name: str) -> torch.Tensor:  # [b, ...]: each item's row of its layout's tensor
+        return torch.stack([getattr(layout, name) for *_, layout in items]).repeat_interleave(counts.to(device), 0)
+
+    rows, c = items[0][3].ids.numel(), keys.shape[3]
+    chunk_keys = torch.arange(c, device=device)[None, :] < lengths[:, None]  # [b, C]
+    mask = torch.cat((chunk_keys[:, None, :].expand(-1, rows, -1), per_item("row_mask")), -1)[:, None]
+    past = [(keys[layer], values[layer]) for layer in range(cfg.num_layers)]
+    return _scoring_forward(runner, per_item("ids"), lengths[:, None] + per_item("offsets"), mask, past,
+                            per_item("read"), per_item("read_tokens"), capture)
+
+
+def _pack_runs(runs: list[tuple[int, int, int]], items_per_pass: int) -> list[list[tuple[int, int, int]]]:
+    """Pure: consecutive runs (member, start, end) packed into passes of at most `items_per_pass`
+    chunks, a run split where a pass fills."""
+    passes, current, room = [], [], items_per_pass
+    for m, start, end in runs:
+        while start < end:
+            take = min(room, end - start)
+            current.append((m, start, start + take))
+            start, room = start + take, room - take
+            if room == 0:
+                passes.append(current)
+                current, room = [], items_per_pass
+    if current:
+        passes.append(current)
+    return passes
 
 
 def kept_scoring_passes(runner: Runner, doc: DocumentKV, ranges: list[tuple[int, int]],

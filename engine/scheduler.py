@@ -4,8 +4,9 @@ A question is submitted with its documents' KV and runs on the scheduler's threa
 its draft, run in one batched pass with the other questions taken off the queue at the same time
 (`engine.method.answer.draft_answers`); its preparation (chunk scoring, selection, the context
 its answer is decoded over), between two steps of the questions already decoding, with up to
-`max_prepare` other newcomers whose chunks are scored in shared passes
-(`engine.method.answer.score_questions`); then its decode steps. At each step the scheduler takes
+`max_prepare` other newcomers whose chunks are scored, and whose questions' passes over their
+contexts run, in shared passes (`engine.method.answer.score_questions`, `static_contexts`); then
+its decode steps. At each step the scheduler takes
 one LogitsRequest from every question being decoded, answers the StaticDecoders' together in one
 batched forward (`StaticBatch`: each row over its own chunks and answer; a captured CUDA graph per
 batch size) and any other decoder alone, and hands each question its DecodeStep. A question joins
@@ -45,11 +46,13 @@ from engine.method.answer import (
     ChunkScores,
     DraftedQuestion,
     PreparedAnswer,
+    choose_chunks,
     draft_answers,
-    prepare_answer,
     question_prompt,
     question_scoring_rows,
     score_questions,
+    start_answer,
+    static_contexts,
     uses_paged_layout,
 )
 from engine.method.kv_cache import DocumentKV
@@ -307,8 +310,8 @@ class AnswerScheduler:
             submitted.interrupt_check()
 
     def _prepare(self, newcomers: list[tuple[_Submitted, DraftedQuestion]]) -> None:
-        """Loads the newcomers' documents, scores their chunks together, then selects and builds
-        each one's context; each joins the batch (or ends with its error)."""
+        """Loads the newcomers' documents and prepares them together; each joins the batch (or
+        ends with its error)."""
         loaded = []
         for submitted, question in newcomers:
             try:
@@ -325,25 +328,47 @@ class AnswerScheduler:
         self.prepared_together[len(loaded)] += 1
         try:
             with self.turns.turn():
-                try:
-                    scores = self._score_together(loaded)
-                except BaseException as exc:  # noqa: BLE001 - a failed shared pass fails its questions
-                    for submitted, _, _ in loaded:
-                        self._fail(submitted, exc)
-                    return
-                for (submitted, question, documents), scored in zip(loaded, scores, strict=True):
-                    try:
-                        self._prepare_answer(submitted, documents, question, scored, len(loaded))
-                    except BaseException as exc:  # noqa: BLE001 - the question's error goes to its asker
-                        self._fail(submitted, exc)
+                self._prepare_loaded(loaded)
         finally:
             with self._wake:
                 self._pending -= len(loaded)
 
+    def _prepare_loaded(self, loaded: list[tuple[_Submitted, DraftedQuestion, Sequence[DocumentKV]]]) -> None:
+        """Scores the newcomers' chunks and builds their contexts in shared passes (a failed one
+        fails its questions), selects each one's chunks and starts it (an error there is its own)."""
+        try:
+            scores = self._score_together(loaded)
+        except BaseException as exc:  # noqa: BLE001 - a failed shared pass fails its questions
+            for submitted, _, _ in loaded:
+                self._fail(submitted, exc)
+            return
+        chosen = []  # (submitted, documents, params, ChosenChunks) of those still going
+        for (submitted, question, documents), scored in zip(loaded, scores, strict=True):
+            try:
+                self._check(submitted)
+                params = self._layout_for(submitted.params, documents, len(loaded))
+                picked = choose_chunks(self.runner, self.tokenizer, documents, question, params,
+                                       lambda s=submitted: self._check(s), submitted.chunk_priors, scored)
+                chosen.append((submitted, documents, params, picked))
+            except BaseException as exc:  # noqa: BLE001 - the question's error goes to its asker
+                self._fail(submitted, exc)
+        try:
+            built = static_contexts(self.runner, [(d, c, p) for _, d, p, c in chosen]) if len(chosen) > 1 \
+                else [None] * len(chosen)
+        except BaseException as exc:  # noqa: BLE001 - a failed shared pass fails its questions
+            for submitted, *_ in chosen:
+                self._fail(submitted, exc)
+            return
+        for (submitted, documents, params, picked), context in zip(chosen, built, strict=True):
+            try:
+                self._start(submitted, start_answer(self.runner, documents, picked, params, context))
+            except BaseException as exc:  # noqa: BLE001 - the question's error goes to its asker
+                self._fail(submitted, exc)
+
     def _score_together(self, loaded: list[tuple[_Submitted, DraftedQuestion, Sequence[DocumentKV]]]
                         ) -> list[ChunkScores | None]:
         """Each newcomer's chunk scores from passes shared by all of them, where two or more score
-        chunks (None: the question scores its own, in `prepare_answer`)."""
+        chunks (None: the question scores its own, in `choose_chunks`)."""
         scoring = [i for i, (s, _, _) in enumerate(loaded) if s.params.kv_mode in CACHED_KV_MODES]
         scores: list[ChunkScores | None] = [None] * len(loaded)
         if len(scoring) < 2:
@@ -355,19 +380,18 @@ class AnswerScheduler:
             scores[i] = scored
         return scores
 
-    def _prepare_answer(self, submitted: _Submitted, documents: Sequence[DocumentKV], question: DraftedQuestion,
-                        scored: ChunkScores | None, together: int) -> None:
-        """`together`: the newcomers prepared with this one (itself included)."""
-        self._check(submitted)
-        params = submitted.params
-        # The paged layout steps alone (one set of page buffers, no batching), so beside any other
-        # question it would cost a forward of its own every step: it serves a question alone.
+    def _layout_for(self, params: AnswerParams, documents: Sequence[DocumentKV], together: int) -> AnswerParams:
+        """`params`, contiguous where the paged layout would decode beside other questions: it steps
+        alone (one set of page buffers, no batching), so beside any other question it would cost a
+        forward of its own every step. `together`: the newcomers prepared with this one."""
         company = bool(self._active) or bool(self._admitting) or together > 1
         if company and params.static_layout != "contiguous" and params.kv_mode == "static" \
                 and uses_paged_layout(self.runner, documents, params):
-            params = dataclasses.replace(params, static_layout="contiguous")
-        prepared = prepare_answer(self.runner, self.tokenizer, documents, question, params,
-                                  lambda: self._check(submitted), submitted.chunk_priors, scored)
+            return dataclasses.replace(params, static_layout="contiguous")
+        return params
+
+    def _start(self, submitted: _Submitted, prepared: PreparedAnswer) -> None:
+        """The prepared question joins the questions being decoded."""
         loop = decode_blocks(prepared.decoder, self.runner.cfg, prepared.sampling, prepared.generator,
                              self.runner.device)
         self._active.append(_Active(submitted, prepared, loop))

@@ -169,3 +169,37 @@ def test_shared_scoring_passes_match_each_question_alone_on_gpu(family, dtype, d
             alone = score_document(runner, job.document, job.rows, job.params)
         torch.testing.assert_close(got.scores, alone.scores, **tol)
         torch.testing.assert_close(got.anchors, alone.anchors, **tol)
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
+def test_shared_question_passes_match_each_alone_on_gpu(family, dream_dir, llada_dir):
+    """Three questions' static contexts from one captured question pass of four rows (bf16) equal
+    each one's eager pass within bf16's tolerance."""
+    from engine import AnswerParams
+    from engine.decode.static import QuestionContextRequest, build_static_context, build_static_contexts
+    from engine.method.answer import ChunkRef, gather_selected
+    from engine.method.chunk_scorer import scoring_rows
+    from engine.method.prompting import build_question_prompt
+
+    folder = dream_dir if family == "dream" else llada_dir
+    engine = Engine.from_pretrained(folder, device="cuda")
+    runner, cfg = engine.runner, engine.config
+    g = torch.Generator().manual_seed(5)
+    docs = [engine.prefill(torch.randint(5, 300, (n,), generator=g).tolist(), 32) for n in (301, 97, 515)]
+    requests = []
+    for doc, question in zip(docs, ("Where to?", "Who?", "Why?"), strict=True):  # one padded size
+        prompt = build_question_prompt(engine.tokenizer, question, cfg.bos_token_id)
+        rows = scoring_rows(prompt.query_ids, prompt.question_span, None, 8, cfg.logits_shifted)
+        chunks, _, start = gather_selected(runner, [doc], [ChunkRef(0, 2), ChunkRef(0, 0)], rows, AnswerParams(),
+                                           len(prompt.prefix_ids))
+        requests.append(QuestionContextRequest(prompt, chunks, start))
+    for _ in range(2):  # captured, then replayed
+        shared = build_static_contexts(runner, requests)
+    assert [key[-1] for key in runner.kept_items("static question pass")] == [4]
+    for r, ctx in zip(requests, shared, strict=True):
+        alone = build_static_context(runner, r.prompt, r.chunks, r.query_start, kept_pass=False)
+        assert torch.equal(ctx.key_valid, alone.key_valid)
+        for (k1, v1), (k2, v2) in zip(ctx.kv, alone.kv, strict=True):
+            torch.testing.assert_close(k1.float(), k2.float(), **BF16)
+            torch.testing.assert_close(v1.float(), v2.float(), **BF16)
+        torch.testing.assert_close(ctx.anchors, alone.anchors, **BF16)

@@ -147,3 +147,45 @@ def test_the_kept_question_pass_equals_the_eager_one(engines, family, token_budg
         if runner.cfg.logits_shifted:
             torch.testing.assert_close(kept.anchor_logits, eager.anchor_logits, atol=2e-5, rtol=1e-4)
     assert len(runner.kept_items("static question pass")) >= 1
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
+def test_question_passes_shared_by_several_questions_equal_each_alone(engines, family):
+    """Five questions' contexts from shared question passes (2 or 3 chunks, a token budget, extra
+    ids, two padded question sizes: two shapes of one question, one of three that share a pass
+    of four rows with a spare) equal each eager pass alone: the same KV, valid keys, anchor logits
+    and BOS anchors."""
+    from engine.decode.static import QuestionContextRequest, build_static_context, build_static_contexts
+    from engine.method.answer import ChunkRef, gather_selected
+    from engine.method.chunk_scorer import scoring_rows
+
+    engine = engines[family]
+    runner = engine.runner
+    docs = [engine.prefill(doc_ids(41 + 9 * i, 300, seed=4 + i), chunk_size=16) for i in range(3)]
+    asks = [("Where to?", [ChunkRef(0, 2), ChunkRef(0, 0)], 0, ()),
+            ("Who?", [ChunkRef(0, 1), ChunkRef(0, 0)], 0, ()),
+            ("Which of the three harbour cranes was repaired last, and by which crew of the night shift?",
+             [ChunkRef(0, 0), ChunkRef(0, 1), ChunkRef(0, 2)], 0, ()),
+            ("When did it open?", [ChunkRef(0, 2), ChunkRef(0, 1)], 6, (5, 9, 13)),
+            ("Why?", [ChunkRef(0, 0), ChunkRef(0, 2)], 0, ())]
+    requests = []
+    for i, (question, refs, budget, extra) in enumerate(asks):
+        prompt = build_question_prompt(engine.tokenizer, question, engine.config.bos_token_id)
+        rows = scoring_rows(prompt.query_ids, prompt.question_span, None, 4, runner.cfg.logits_shifted)
+        chunks, _, query_start = gather_selected(runner, [docs[i % 3]], refs, rows, AnswerParams(token_budget=budget),
+                                                 len(prompt.prefix_ids))
+        requests.append(QuestionContextRequest(prompt, chunks, query_start, extra))
+    for _ in range(2):  # the second round reuses the kept passes' buffers
+        for r, shared in zip(requests, build_static_contexts(runner, requests), strict=True):
+            alone = build_static_context(runner, r.prompt, r.chunks, r.query_start, list(r.extra_ids), kept_pass=False)
+            assert shared.answer_start == alone.answer_start
+            assert torch.equal(shared.key_valid, alone.key_valid)
+            for (k1, v1), (k2, v2) in zip(shared.kv, alone.kv, strict=True):
+                torch.testing.assert_close(k1, k2, atol=2e-5, rtol=1e-4)
+                torch.testing.assert_close(v1, v2, atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(shared.anchors, alone.anchors, atol=1e-5, rtol=1e-4)
+            if runner.cfg.logits_shifted:
+                torch.testing.assert_close(shared.anchor_logits, alone.anchor_logits, atol=2e-5, rtol=1e-4)
+    # (prefix, chunks, chunk keys, padded question rows, batch rows): three questions share a pass
+    # of four rows (one spare), the others have passes of their own.
+    assert sum(key[-1] == 4 for key in runner.kept_items("static question pass")) == 1

@@ -78,6 +78,22 @@ def kept_prefix_kv(runner: Runner, prefix_ids: list[int]) -> list[LayerKV]:
     return runner.kept("prefix kv", tuple(prefix_ids), 1, prefix_pass)
 
 
+@dataclass(frozen=True)
+class QuestionContextRequest:
+    """One question's static context to build: its prompt, its selected chunks (their KV stacked)
+    and where its query starts; `extra_ids` are appended to the query (re-selecting with a partial
+    answer)."""
+
+    prompt: QuestionPrompt
+    chunks: SelectedChunks
+    query_start: int
+    extra_ids: tuple[int, ...] = ()
+
+    @property
+    def query_ids(self) -> list[int]:
+        return list(self.prompt.query_ids) + list(self.extra_ids)
+
+
 @torch.inference_mode()
 def build_static_context(runner: Runner, prompt: QuestionPrompt, chunks: SelectedChunks, query_start: int,
                          extra_ids: list[int] | None = None, kept_pass: bool = True) -> FixedContext:
@@ -87,23 +103,15 @@ def build_static_context(runner: Runner, prompt: QuestionPrompt, chunks: Selecte
     `kept_pass`: the question's pass is the runner's `StaticQueryPass` of this shape (fixed
     buffers, a captured graph on CUDA); False runs it eagerly with attention capture (the reference).
     """
+    request = QuestionContextRequest(prompt, chunks, query_start, tuple(extra_ids or ()))
+    if kept_pass:
+        return build_static_contexts(runner, [request])[0]
     cfg, device = runner.cfg, runner.device
     p = len(prompt.prefix_ids)
-    placed_k = flatten_chunks(place_chunks(chunks.keys.to(device), chunks.starts, cfg.rope_theta,
-                                           cfg.rope_scaling_factor))  # [L, 1, Hkv, K*T, D]
-    placed_v = flatten_chunks(chunks.values.to(device))
-    valid = torch.cat((torch.ones(p, dtype=torch.bool), chunks.valid.flatten().cpu())).to(device)
-    q_ids = list(prompt.query_ids) + list(extra_ids or [])
-    prefix_kv = kept_prefix_kv(runner, prompt.prefix_ids)
-    if kept_pass:
-        rows = -(-len(q_ids) // QUESTION_ROUND) * QUESTION_ROUND
-        shape = (p, chunks.num_chunks, chunks.keys.shape[3], rows)
-        query_pass = runner.kept("static question pass", shape, MAX_QUESTION_PASSES,
-                                 lambda: StaticQueryPass(runner, *shape, placed_k),
-                                 fits=lambda q: q.keys.dtype == placed_k.dtype)
-        return query_pass(prefix_kv, placed_k, placed_v, valid, q_ids, query_start)
+    placed_k, placed_v, valid = _placed_context(runner, request)
     placed = [(placed_k[layer], placed_v[layer]) for layer in range(cfg.num_layers)]
-    past = _cat_kv(prefix_kv, placed)
+    past = _cat_kv(kept_prefix_kv(runner, prompt.prefix_ids), placed)
+    q_ids = request.query_ids
     nq = len(q_ids)
     key_valid = torch.cat((valid, torch.ones(nq, dtype=torch.bool, device=device)))[None]
     bos_keys = p + torch.arange(chunks.num_chunks, device=device) * chunks.keys.shape[3]
@@ -117,50 +125,92 @@ def build_static_context(runner: Runner, prompt: QuestionPrompt, chunks: Selecte
         anchors=_bos_anchor_mass(query.attention, bos_keys, cfg.num_layers), forward_passes=2)
 
 
+def _placed_context(runner: Runner, request: QuestionContextRequest
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chunks' KV placed at their positions, [L, 1, Hkv, K*T, D] each, and the context's valid
+    keys [P + K*T] bool (the prefix first)."""
+    cfg, device, chunks = runner.cfg, runner.device, request.chunks
+    placed_k = flatten_chunks(place_chunks(chunks.keys.to(device), chunks.starts, cfg.rope_theta,
+                                           cfg.rope_scaling_factor))
+    placed_v = flatten_chunks(chunks.values.to(device))
+    prefix = torch.ones(len(request.prompt.prefix_ids), dtype=torch.bool)
+    return placed_k, placed_v, torch.cat((prefix, chunks.valid.flatten().cpu())).to(device)
+
+
 QUESTION_ROUND = 16  # the question's rows are padded to a multiple of this (one captured pass per size)
-MAX_QUESTION_PASSES = 4  # question passes (shapes) a runner keeps, least recently used dropped
+# Question passes (shapes x batch sizes) a runner keeps, least recently used dropped: at Dream-7B's
+# shape a pass of 8 questions over 4 chunks of 512 holds ~1 GB of buffers.
+MAX_QUESTION_PASSES = 8
+MAX_QUESTION_BATCH = 8  # questions in one question pass at most
+
+
+@torch.inference_mode()
+def build_static_contexts(runner: Runner, requests: list[QuestionContextRequest]) -> list[FixedContext]:
+    """`build_static_context` of several questions: those of one shape (prefix, chunk count and
+    keys, padded question rows) in one batched pass of the runner's (`StaticQueryPass`, fixed
+    buffers, a captured graph on CUDA), up to MAX_QUESTION_BATCH a pass, rows padded to a power of
+    two so few batch sizes are captured."""
+    contexts: list[FixedContext | None] = [None] * len(requests)
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(requests):
+        rows = -(-len(r.query_ids) // QUESTION_ROUND) * QUESTION_ROUND
+        shape = (len(r.prompt.prefix_ids), r.chunks.num_chunks, r.chunks.keys.shape[3], rows)
+        groups.setdefault((shape, r.chunks.keys.dtype), []).append(i)
+    for (shape, dtype), members in groups.items():
+        for lo in range(0, len(members), MAX_QUESTION_BATCH):
+            part = members[lo:lo + MAX_QUESTION_BATCH]
+            batch = batch_rows(len(part))
+            like = requests[part[0]].chunks.keys
+            query_pass = runner.kept("static question pass", (*shape, batch), MAX_QUESTION_PASSES,
+                                     lambda shape=shape, like=like, batch=batch: StaticQueryPass(runner, *shape, like,
+                                                                                                 batch),
+                                     fits=lambda q, dtype=dtype: q.keys.dtype == dtype)
+            for i, ctx in zip(part, query_pass([requests[i] for i in part]), strict=True):
+                contexts[i] = ctx
+    return contexts
 
 
 class _QuestionLayerCache:
-    """One layer of the question's pass over a static context: keys and values [1, Hkv, Tc + R, D]
-    ([prefix | placed chunks | the question's R padded rows]); the rows write their KV in place,
-    attend to the valid keys, and record the real rows' attention mass on each chunk's BOS."""
+    """One layer of the question pass over B static contexts: keys and values [B, Hkv, Tc + R, D]
+    (row b: [prefix | placed chunks | the question's R padded rows]); the rows write their KV in
+    place, attend to the valid keys, and record the real rows' attention mass on each chunk's BOS."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, runner: Runner,
                  bos_keys: torch.Tensor, row_weights: torch.Tensor, bos_mass: torch.Tensor) -> None:
         self.keys, self.values, self.runner = keys, values, runner
-        self.mask = full_mask(key_valid=valid)  # valid: [1, Tc + R] bool, shared by the layers
-        self.bos_keys, self.row_weights, self.bos_mass = bos_keys, row_weights, bos_mass  # [K], [R], [K]
+        self.mask = full_mask(key_valid=valid)  # valid: [B, Tc + R] bool, shared by the layers
+        self.bos_keys, self.row_weights, self.bos_mass = bos_keys, row_weights, bos_mass  # [K], [B, R], [B, K]
 
     def attend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, scale: float) -> torch.Tensor:
         rows = k_new.shape[2]
         self.keys[:, :, -rows:] = k_new
         self.values[:, :, -rows:] = v_new
         out, _ = self.runner.attention(q, self.keys, self.values, self.mask, scale, return_lse=False)
-        bos = attention_probs(q, self.keys, self.mask, scale)[0][..., self.bos_keys]  # [Hq, R, K] fp32
+        bos = attention_probs(q, self.keys, self.mask, scale)[..., self.bos_keys]  # [B, Hq, R, K] fp32
         # Mean over heads and real rows (padding rows weigh 0), as _bos_anchor_mass takes it.
-        self.bos_mass.copy_(torch.einsum("hrk,r->k", bos, self.row_weights) / bos.shape[0])
+        self.bos_mass.copy_(torch.einsum("bhrk,br->bk", bos, self.row_weights) / bos.shape[1])
         return out
 
 
 class StaticQueryPass:
-    """The question's pass over a static context of one shape (prefix of P tokens, K chunks of T
-    keys, R question rows): fixed buffers the context is copied into (one copy for all layers),
-    then one forward, a captured CUDA graph on CUDA. Returns the FixedContext (its own copy)."""
+    """The question pass over `batch` static contexts of one shape (prefix of P tokens, K chunks of
+    T keys, R question rows): fixed buffers each context is copied into (one copy for all layers),
+    then one forward, a captured CUDA graph on CUDA. Returns each question's FixedContext (its own
+    copy); rows without a question repeat the first one's inputs and are ignored."""
 
     def __init__(self, runner: Runner, prefix_len: int, num_chunks: int, chunk_keys: int, rows: int,
-                 like: torch.Tensor) -> None:
+                 like: torch.Tensor, batch: int = 1) -> None:
         cfg, device = runner.cfg, runner.device
-        self.runner, self.rows = runner, rows
+        self.runner, self.rows, self.batch = runner, rows, batch
         self.context_len = prefix_len + num_chunks * chunk_keys
-        shape = (cfg.num_layers, 1, cfg.num_kv_heads, self.context_len + rows, cfg.head_dim)
+        shape = (cfg.num_layers, batch, cfg.num_kv_heads, self.context_len + rows, cfg.head_dim)
         self.keys, self.values = like.new_zeros(shape), like.new_zeros(shape)
-        self.valid = torch.zeros(1, self.context_len + rows, dtype=torch.bool, device=device)
-        self.ids = torch.zeros(1, rows, dtype=torch.long, device=device)
-        self.positions = torch.zeros(1, rows, dtype=torch.long, device=device)
-        self.row_weights = torch.zeros(rows, dtype=torch.float32, device=device)
-        self.bos_mass = torch.zeros(cfg.num_layers, num_chunks, dtype=torch.float32, device=device)
-        self.last_row = torch.zeros(1, dtype=torch.long, device=device)
+        self.valid = torch.zeros(batch, self.context_len + rows, dtype=torch.bool, device=device)
+        self.ids = torch.zeros(batch, rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(batch, rows, dtype=torch.long, device=device)
+        self.row_weights = torch.zeros(batch, rows, dtype=torch.float32, device=device)
+        self.bos_mass = torch.zeros(cfg.num_layers, batch, num_chunks, dtype=torch.float32, device=device)
+        self.last_row = torch.zeros(batch, 1, dtype=torch.long, device=device)
         bos_keys = prefix_len + torch.arange(num_chunks, device=device) * chunk_keys
         self.layers = [_QuestionLayerCache(self.keys[layer], self.values[layer], self.valid, runner, bos_keys,
                                            self.row_weights, self.bos_mass[layer]) for layer in range(cfg.num_layers)]
@@ -171,32 +221,49 @@ class StaticQueryPass:
         return self.runner.forward(self.ids, self.positions, full_mask(), past=self.layers,
                                    logits_rows=self.last_row if shifted else None, return_kv=False).logits
 
-    def __call__(self, prefix_kv: list[LayerKV], placed_k: torch.Tensor, placed_v: torch.Tensor,
-                 valid: torch.Tensor, q_ids: list[int], query_start: int) -> FixedContext:
-        """prefix_kv per layer [1, Hkv, P, D]; placed_k/v [L, 1, Hkv, K*T, D]; valid [P + K*T] bool."""
-        cfg = self.runner.cfg
-        p, tc, n = prefix_kv[0][0].shape[2], self.context_len, len(q_ids)
-        assert 0 < n <= self.rows and valid.numel() == tc
-        self.keys[..., :p, :] = torch.stack([k for k, _ in prefix_kv])
-        self.values[..., :p, :] = torch.stack([v for _, v in prefix_kv])
-        self.keys[..., p:tc, :] = placed_k
-        self.values[..., p:tc, :] = placed_v
+    def __call__(self, requests: list[QuestionContextRequest]) -> list[FixedContext]:
+        assert 0 < len(requests) <= self.batch
+        cfg, tc = self.runner.cfg, self.context_len
+        padded = requests + [requests[0]] * (self.batch - len(requests))
+        ids = torch.full((self.batch, self.rows), cfg.mask_token_id, dtype=torch.long)
         offsets = torch.arange(self.rows)
-        self.valid[0, :tc] = valid
-        self.valid[0, tc:] = offsets < n
-        ids = torch.full((1, self.rows), cfg.mask_token_id, dtype=torch.long)
-        ids[0, :n] = torch.tensor(q_ids)
+        lengths = torch.tensor([len(r.query_ids) for r in padded])  # [B]
+        assert int(lengths.min()) > 0 and int(lengths.max()) <= self.rows
+        for row, request in enumerate(padded):
+            ids[row, :lengths[row]] = torch.tensor(request.query_ids)
+            if row >= len(requests):  # a spare row: the first question's context again
+                self.keys[:, row], self.values[:, row] = self.keys[:, 0], self.values[:, 0]
+                self.valid[row, :tc] = self.valid[0, :tc]
+                continue
+            placed_k, placed_v, valid = _placed_context(self.runner, request)
+            prefix_kv = kept_prefix_kv(self.runner, request.prompt.prefix_ids)
+            p = prefix_kv[0][0].shape[2]
+            assert valid.numel() == tc
+            self.keys[:, row, :, :p] = torch.stack([k[0] for k, _ in prefix_kv])
+            self.values[:, row, :, :p] = torch.stack([v[0] for _, v in prefix_kv])
+            self.keys[:, row, :, p:tc] = placed_k[:, 0]
+            self.values[:, row, :, p:tc] = placed_v[:, 0]
+            self.valid[row, :tc] = valid
+        device = self.ids.device
+        self.valid[:, tc:] = (offsets[None] < lengths[:, None]).to(device)
         self.ids.copy_(ids)
-        self.positions.copy_((query_start + offsets)[None])
-        self.row_weights.copy_((offsets < n).float() / n)
-        self.last_row.fill_(n - 1)
+        starts = torch.tensor([r.query_start for r in padded])
+        self.positions.copy_(starts[:, None] + offsets[None])
+        self.row_weights.copy_((offsets[None] < lengths[:, None]).float() / lengths[:, None])
+        self.last_row.copy_(lengths[:, None] - 1)
         logits = self._call()
-        keys, values = self.keys[..., :tc + n, :].clone(), self.values[..., :tc + n, :].clone()
-        return FixedContext(
-            kv=[(keys[layer], values[layer]) for layer in range(cfg.num_layers)],
-            key_valid=self.valid[:, :tc + n].clone(), answer_start=query_start + n,
-            anchor_logits=logits[0, 0].clone() if cfg.logits_shifted else None,
-            anchors=self.bos_mass.T.cpu(), forward_passes=2)
+        anchors = self.bos_mass.permute(1, 2, 0).cpu()  # [B, K, L]
+        contexts = []
+        for row, request in enumerate(requests):
+            n = int(lengths[row])
+            keys = self.keys[:, row:row + 1, :, :tc + n].clone()  # [L, 1, Hkv, Tc + n, D]
+            values = self.values[:, row:row + 1, :, :tc + n].clone()
+            contexts.append(FixedContext(
+                kv=[(keys[layer], values[layer]) for layer in range(cfg.num_layers)],
+                key_valid=self.valid[row:row + 1, :tc + n].clone(), answer_start=request.query_start + n,
+                anchor_logits=logits[row, 0].clone() if cfg.logits_shifted else None,
+                anchors=anchors[row], forward_passes=2))
+        return contexts
 
 
 @torch.inference_mode()

@@ -21,11 +21,13 @@ from engine.decode.paged import PagedStaticDecoder, paged_decoder, release_pages
 from engine.decode.sampling import SamplingParams
 from engine.decode.static import (
     FixedContext,
+    QuestionContextRequest,
     SelectedChunks,
     StaticDecoder,
     batch_rows,
     build_joint_context,
     build_static_context,
+    build_static_contexts,
 )
 from engine.method.chunk_scorer import (
     DocumentScores,
@@ -351,16 +353,36 @@ class PreparedAnswer:
                             stopped_early=outcome.stopped_early)
 
 
+@dataclass
+class ChosenChunks:
+    """A question after its draft, chunk scoring and selection: what `start_answer` builds the
+    context and decoder of (the scheduler builds several questions' contexts together between)."""
+
+    prompt: QuestionPrompt
+    rows: ScoringRows
+    refs: list[ChunkRef]  # the selected chunks, by fused score
+    priors: torch.Tensor | None  # [N] the candidates' prior relevance, or None
+    trace: AnswerTrace
+    clock: _Clock
+    generator: torch.Generator  # the sampler's, seeded by `sampling.seed`
+
+
+@dataclass(frozen=True)
+class BuiltContext:
+    """A question's static context built with other questions' (`static_contexts`)."""
+
+    context: FixedContext
+    kept_tokens: list[list[int]]  # per selected chunk and token: how many (layer, head) pairs keep it
+    seconds: float  # the shared pass's time (the trace reports it as this question's)
+
+
 @torch.inference_mode()
-def prepare_answer(runner: Runner, tokenizer, documents: Sequence[DocumentKV],
-                   question: str | QuestionPrompt | DraftedQuestion,
-                   params: AnswerParams = AnswerParams(), interrupt_check: Callable[[], None] | None = None,
-                   chunk_priors: Sequence[Sequence[float]] | None = None,
-                   scored: ChunkScores | None = None) -> PreparedAnswer:
-    """Everything before the decode steps: the draft, the chunk scores, the selection and the
-    context the answer is decoded over (see `stream_answer` for the other arguments). `scored`:
-    the chunks' scores when they were computed already (`score_questions`, with other questions;
-    from `question_scoring_rows` of the same draft)."""
+def choose_chunks(runner: Runner, tokenizer, documents: Sequence[DocumentKV],
+                  question: str | QuestionPrompt | DraftedQuestion, params: AnswerParams = AnswerParams(),
+                  interrupt_check: Callable[[], None] | None = None,
+                  chunk_priors: Sequence[Sequence[float]] | None = None,
+                  scored: ChunkScores | None = None) -> ChosenChunks:
+    """The draft, the chunk scores and the selection (see `prepare_answer`)."""
     cfg = runner.cfg
     clock = _Clock(runner.device)
     t = time.perf_counter()
@@ -393,18 +415,69 @@ def prepare_answer(runner: Runner, tokenizer, documents: Sequence[DocumentKV],
                         anchors_scoring=scored.anchors, anchors_decode=None,
                         draft_ids=draft.tokens[draft.committed].tolist() if draft is not None else [],
                         timings=clock.timings)
-    t = clock.lap("selection", t)
+    clock.lap("selection", t)
+    return ChosenChunks(prompt, rows, refs, priors, trace, clock, generator)
 
-    if baseline:
-        ids = _dense_prompt(prompt, documents, cfg.bos_token_id)
+
+def static_contexts(runner: Runner, questions: Sequence[tuple[Sequence[DocumentKV], ChosenChunks, AnswerParams]]
+                    ) -> list[BuiltContext | None]:
+    """The first static context of each question (documents, chosen chunks, params) that decodes
+    over gathered static KV (static mode, not the paged layout), built in shared question passes
+    (`engine.decode.static.build_static_contexts`); None for the others (their `start_answer`
+    builds their own)."""
+    requests, members = [], []
+    for i, (documents, chosen, params) in enumerate(questions):
+        if params.kv_mode != "static" or not chosen.refs or params.static_layout == "paged" \
+                or uses_paged_layout(runner, documents, params):
+            continue
+        chunks, counts, query_start = gather_selected(runner, documents, chosen.refs, chosen.rows, params,
+                                                      len(chosen.prompt.prefix_ids))
+        requests.append(QuestionContextRequest(chosen.prompt, chunks, query_start))
+        members.append((i, counts))
+    built: list[BuiltContext | None] = [None] * len(questions)
+    if not requests:
+        return built
+    start = time.perf_counter()
+    contexts = build_static_contexts(runner, requests)
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)
+    seconds = time.perf_counter() - start
+    for (i, counts), ctx in zip(members, contexts, strict=True):
+        built[i] = BuiltContext(ctx, counts, seconds)
+    return built
+
+
+def start_answer(runner: Runner, documents: Sequence[DocumentKV], chosen: ChosenChunks, params: AnswerParams,
+                 built: BuiltContext | None = None) -> PreparedAnswer:
+    """The context the answer is decoded over (`built` when it was built already) and its decoder."""
+    clock, t = chosen.clock, time.perf_counter()
+    if params.kv_mode in BASELINE_KV_MODES:
+        ids = _dense_prompt(chosen.prompt, documents, runner.cfg.bos_token_id)
         if params.kv_mode == "dense":
             decoder = DenseDecoder(runner, ids)
         else:
             decoder = FastDLLMDecoder(runner, ids, params.sampling.block_length)
     else:
-        decoder = answer_decoder(runner, documents, prompt, rows, refs, params, trace, priors)
+        decoder = answer_decoder(runner, documents, chosen.prompt, chosen.rows, chosen.refs, params, chosen.trace,
+                                 chosen.priors, built)
     t = clock.lap("kv_build", t)
-    return PreparedAnswer(decoder, params.sampling, generator, trace, clock, t)
+    if built is not None:
+        clock.timings["kv_build"] += built.seconds
+    return PreparedAnswer(decoder, params.sampling, chosen.generator, chosen.trace, clock, t)
+
+
+@torch.inference_mode()
+def prepare_answer(runner: Runner, tokenizer, documents: Sequence[DocumentKV],
+                   question: str | QuestionPrompt | DraftedQuestion,
+                   params: AnswerParams = AnswerParams(), interrupt_check: Callable[[], None] | None = None,
+                   chunk_priors: Sequence[Sequence[float]] | None = None,
+                   scored: ChunkScores | None = None) -> PreparedAnswer:
+    """Everything before the decode steps: the draft, the chunk scores, the selection and the
+    context the answer is decoded over (see `stream_answer` for the other arguments). `scored`:
+    the chunks' scores when they were computed already (`score_questions`, with other questions;
+    from `question_scoring_rows` of the same draft)."""
+    chosen = choose_chunks(runner, tokenizer, documents, question, params, interrupt_check, chunk_priors, scored)
+    return start_answer(runner, documents, chosen, params)
 
 
 @torch.inference_mode()
@@ -445,10 +518,12 @@ def uses_paged_layout(runner: Runner, documents: Sequence[DocumentKV], params: A
 
 def answer_decoder(runner: Runner, documents: Sequence[DocumentKV], prompt: QuestionPrompt, rows: ScoringRows,
                    refs: list[ChunkRef], params: AnswerParams, trace: AnswerTrace,
-                   priors: torch.Tensor | None = None) -> StaticDecoder | PagedStaticDecoder:
+                   priors: torch.Tensor | None = None, built: BuiltContext | None = None
+                   ) -> StaticDecoder | PagedStaticDecoder:
     """Places the selected chunks and the question (the static or joint context, paged or
-    contiguous) and returns the decoder of the answer's steps, with re-selection per block when
-    `params.reselect_every`. Fills the trace's kept tokens, BOS anchors and layout."""
+    contiguous; `built`: the static context, built already) and returns the decoder of the
+    answer's steps, with re-selection per block when `params.reselect_every`. Fills the trace's
+    kept tokens, BOS anchors and layout."""
     if not refs:
         raise ValueError("no chunk to answer from: the documents are empty")
     prefix_len = len(prompt.prefix_ids)
@@ -472,7 +547,7 @@ def answer_decoder(runner: Runner, documents: Sequence[DocumentKV], prompt: Ques
             ctx = build_static_context(runner, prompt, chunks, query_start, extra_ids)
         return ctx, counts
 
-    ctx, trace.kept_tokens = context_for(refs)
+    ctx, trace.kept_tokens = (built.context, built.kept_tokens) if built is not None else context_for(refs)
     trace.anchors_decode = ctx.anchors
     answer_start = ctx.answer_start
 

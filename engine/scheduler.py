@@ -4,10 +4,10 @@ A question is submitted with its documents' KV and runs on the scheduler's threa
 its draft, run in one batched pass with the other questions taken off the queue at the same time
 (`engine.method.answer.draft_answers`); its preparation (chunk scoring, selection, the context
 its answer is decoded over), between two steps of the questions already decoding, with up to
-`max_prepare` other newcomers whose chunks are scored, and whose questions' passes over their
-contexts run, in shared passes (`engine.method.answer.score_questions`, `static_contexts`); then
-its decode steps. At each step the scheduler takes
-one LogitsRequest from every question being decoded, answers the StaticDecoders' together in one
+`max_prepare` other newcomers whose chunks are scored, and whose question passes over their
+contexts run, in shared passes (`engine.method.answer.score_questions`, `static_contexts`; if one
+fails, each question runs its own); then its decode steps. At each step the scheduler takes one
+LogitsRequest from every question being decoded, answers the StaticDecoders' together in one
 batched forward (`StaticBatch`: each row over its own chunks and answer; a captured CUDA graph per
 batch size) and any other decoder alone, and hands each question its DecodeStep. A question joins
 between steps, once prepared, and leaves when its answer is settled, so short answers never wait
@@ -43,6 +43,8 @@ from engine.method.answer import (
     CACHED_KV_MODES,
     AnswerParams,
     AnswerResult,
+    BuiltContext,
+    ChosenChunks,
     ChunkScores,
     DraftedQuestion,
     PreparedAnswer,
@@ -160,6 +162,16 @@ class _Active:
     request: LogitsRequest | None = None
 
 
+@dataclass(eq=False)
+class _Chosen:
+    """A newcomer with its chunks chosen, its context not built yet."""
+
+    submitted: _Submitted
+    documents: Sequence[DocumentKV]
+    params: AnswerParams  # the layout the scheduler gives it (see `_layout_for`)
+    chunks: ChosenChunks
+
+
 class AnswerScheduler:
     """Runs submitted questions, batching their decode steps (see the module's docstring).
 
@@ -184,6 +196,7 @@ class AnswerScheduler:
         self._waiting: collections.deque[_Submitted] = collections.deque()
         # Taken off the queue and drafted, waiting for their scoring and context (up to max_prepare a step).
         self._admitting: list[tuple[_Submitted, DraftedQuestion]] = []
+        self._preparing: list[tuple[_Submitted, DraftedQuestion]] = []  # taken from `_admitting` this step
         self._pending = 0  # submitted and not yet prepared: those in `_waiting` and those being admitted
         self._active: list[_Active] = []
         self._batches: dict[int, StaticBatch] = {}  # by block length
@@ -241,7 +254,8 @@ class AnswerScheduler:
             stopped = SchedulerStopped(f"the question scheduler stopped on an error ({exc})")
             with self._wake:
                 self._closed = True
-            admitting = [submitted for submitted, _ in self._admitting]
+            # (A question already answered ignores the extra event: its asker stopped at _DONE.)
+            admitting = [submitted for submitted, _ in self._admitting + self._preparing]
             for submitted in [a.submitted for a in self._active] + list(self._waiting) + admitting:
                 submitted.handle._events.put(stopped)
             raise
@@ -264,8 +278,10 @@ class AnswerScheduler:
             # Newcomers are prepared between two steps of the questions decoding, at most
             # max_prepare at a time, so that a burst of arrivals does not stall them for all of it.
             if self._admitting:
-                preparing, self._admitting = self._admitting[:self.max_prepare], self._admitting[self.max_prepare:]
-                self._prepare(preparing)
+                self._preparing = self._admitting[:self.max_prepare]
+                self._admitting = self._admitting[self.max_prepare:]
+                self._prepare(self._preparing)
+                self._preparing = []
             if self._active:
                 with self.turns.turn():
                     self._step()
@@ -334,36 +350,40 @@ class AnswerScheduler:
                 self._pending -= len(loaded)
 
     def _prepare_loaded(self, loaded: list[tuple[_Submitted, DraftedQuestion, Sequence[DocumentKV]]]) -> None:
-        """Scores the newcomers' chunks and builds their contexts in shared passes (a failed one
-        fails its questions), selects each one's chunks and starts it (an error there is its own)."""
+        """Scores the newcomers' chunks and builds their contexts in shared passes, selects each
+        one's chunks and starts it. A shared pass that fails (say, out of memory) is not anyone's
+        error: each question then scores or builds its own, and any error is its own."""
         try:
             scores = self._score_together(loaded)
-        except BaseException as exc:  # noqa: BLE001 - a failed shared pass fails its questions
-            for submitted, _, _ in loaded:
-                self._fail(submitted, exc)
-            return
-        chosen = []  # (submitted, documents, params, ChosenChunks) of those still going
+        except BaseException as exc:  # noqa: BLE001 - each question scores alone instead
+            self._shared_pass_failed("scoring", exc)
+            scores = [None] * len(loaded)
+        chosen: list[_Chosen] = []
         for (submitted, question, documents), scored in zip(loaded, scores, strict=True):
             try:
                 self._check(submitted)
                 params = self._layout_for(submitted.params, documents, len(loaded))
                 picked = choose_chunks(self.runner, self.tokenizer, documents, question, params,
                                        lambda s=submitted: self._check(s), submitted.chunk_priors, scored)
-                chosen.append((submitted, documents, params, picked))
+                chosen.append(_Chosen(submitted, documents, params, picked))
             except BaseException as exc:  # noqa: BLE001 - the question's error goes to its asker
                 self._fail(submitted, exc)
-        try:
-            built = static_contexts(self.runner, [(d, c, p) for _, d, p, c in chosen]) if len(chosen) > 1 \
-                else [None] * len(chosen)
-        except BaseException as exc:  # noqa: BLE001 - a failed shared pass fails its questions
-            for submitted, *_ in chosen:
-                self._fail(submitted, exc)
-            return
-        for (submitted, documents, params, picked), context in zip(chosen, built, strict=True):
+        built: list[BuiltContext | None] = [None] * len(chosen)
+        if len(chosen) > 1:
             try:
-                self._start(submitted, start_answer(self.runner, documents, picked, params, context))
+                built = static_contexts(self.runner, [(c.documents, c.chunks, c.params) for c in chosen])
+            except BaseException as exc:  # noqa: BLE001 - each question builds its own instead
+                self._shared_pass_failed("question pass", exc)
+        for c, context in zip(chosen, built, strict=True):
+            try:
+                self._start(c.submitted, start_answer(self.runner, c.documents, c.chunks, c.params, context))
             except BaseException as exc:  # noqa: BLE001 - the question's error goes to its asker
-                self._fail(submitted, exc)
+                self._fail(c.submitted, exc)
+
+    def _shared_pass_failed(self, what: str, error: BaseException) -> None:
+        logger.warning("a shared %s failed (%s); its questions run their own", what, error)
+        if isinstance(error, torch.OutOfMemoryError):  # what the kept passes hold may be what it lacked
+            self.runner.forget()
 
     def _score_together(self, loaded: list[tuple[_Submitted, DraftedQuestion, Sequence[DocumentKV]]]
                         ) -> list[ChunkScores | None]:
@@ -383,7 +403,7 @@ class AnswerScheduler:
     def _layout_for(self, params: AnswerParams, documents: Sequence[DocumentKV], together: int) -> AnswerParams:
         """`params`, contiguous where the paged layout would decode beside other questions: it steps
         alone (one set of page buffers, no batching), so beside any other question it would cost a
-        forward of its own every step. `together`: the newcomers prepared with this one."""
+        forward of its own every step. `together`: the newcomers prepared now, this one included."""
         company = bool(self._active) or bool(self._admitting) or together > 1
         if company and params.static_layout != "contiguous" and params.kv_mode == "static" \
                 and uses_paged_layout(self.runner, documents, params):

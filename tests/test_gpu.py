@@ -195,7 +195,7 @@ def test_shared_question_passes_match_each_alone_on_gpu(family, dream_dir, llada
         requests.append(QuestionContextRequest(prompt, chunks, start))
     for _ in range(2):  # captured, then replayed
         shared = build_static_contexts(runner, requests)
-    assert [key[-1] for key in runner.kept_items("static question pass")] == [4]
+    assert [key[-2] for key in runner.kept_items("static question pass")] == [4]  # (..., batch rows, dtype)
     for r, ctx in zip(requests, shared, strict=True):
         alone = build_static_context(runner, r.prompt, r.chunks, r.query_start, kept_pass=False)
         assert torch.equal(ctx.key_valid, alone.key_valid)

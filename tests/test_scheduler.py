@@ -275,3 +275,29 @@ def test_a_dropped_batched_step_is_freed_at_once(engines):
         assert step() is None
     finally:
         gc.enable()
+
+
+def test_a_failed_shared_pass_lets_each_question_run_its_own(engines, monkeypatch):
+    """When the passes shared by the newcomers fail (say, out of memory), no question fails for
+    it: each scores its chunks and builds its context alone, and answers as it would alone."""
+    import engine.scheduler as scheduler_module
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("no room for the shared pass")
+
+    engine = engines["dream"]
+    docs = _documents(engine, 3)
+    asks = [(docs[i], f"Which berth is number {i}?", _params()) for i in range(3)]
+    alone = [engine.answer(doc, q, p) for doc, q, p in asks]
+    monkeypatch.setattr(scheduler_module, "score_questions", out_of_memory)
+    monkeypatch.setattr(scheduler_module, "static_contexts", out_of_memory)
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=8)
+    try:
+        with scheduler.turn():  # they arrive together, so they are prepared together
+            handles = [scheduler.submit([doc], q, p) for doc, q, p in asks]
+        results = [list(handle)[-1] for handle in handles]
+        assert max(scheduler.prepared_together) > 1
+    finally:
+        scheduler.close()
+    for a, b in zip(alone, results, strict=True):
+        assert isinstance(b, AnswerResult) and b.answer_ids == a.answer_ids

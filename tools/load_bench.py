@@ -53,7 +53,9 @@ class LoadPhase:
     batch_sizes: dict[int, int]  # steps run at each batch size
     peak_gib: float | None = None  # peak GPU memory allocated during the phase (the documents' KV included)
     prepared_together: dict[int, int] | None = None  # preparations by the newcomers they took at once
-    phase_s: dict[str, float] | None = None  # mean seconds a question spent in each phase of its trace
+    # Mean seconds of each phase of a question's trace; a pass shared by several questions counts
+    # whole for each (what a question waited, not what it cost).
+    phase_s: dict[str, float] | None = None
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -148,7 +150,8 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
         progress(f"{shape} {phase.name:>8} x{phase.questions:<4}: wall {phase.wall_s:7.3f} s, "
                  f"{phase.throughput_qps:6.2f} q/s, p50 {phase.p50_s:6.3f} s, p95 {phase.p95_s:6.3f} s, "
                  f"batch sizes {phase.batch_sizes}, prepared together {phase.prepared_together}, "
-                 f"phases (mean s) " + ", ".join(f"{k} {v:.4f}" for k, v in (phase.phase_s or {}).items())
+                 f"phases (mean s, a shared pass whole for each of its questions) "
+                 + ", ".join(f"{k} {v:.4f}" for k, v in (phase.phase_s or {}).items())
                  + (f", peak {phase.peak_gib:.1f} GiB (documents {documents_gib:.1f})" if phase.peak_gib else ""))
 
     try:

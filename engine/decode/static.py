@@ -138,9 +138,11 @@ def _placed_context(runner: Runner, request: QuestionContextRequest
 
 
 QUESTION_ROUND = 16  # the question's rows are padded to a multiple of this (one captured pass per size)
-# Question passes (shapes x batch sizes) a runner keeps, least recently used dropped: at Dream-7B's
-# shape a pass of 8 questions over 4 chunks of 512 holds ~1 GB of buffers.
+# Question passes (shapes x batch sizes) a runner keeps, least recently used dropped: a pass of 8
+# questions over 4 chunks of 512 holds ~1 GB of buffers at Dream-7B's shape, ~9 GB at LLaDA-8B's
+# (32 KV heads), so a pass's batch is capped by bytes too (MAX_QUESTION_PASS_BYTES).
 MAX_QUESTION_PASSES = 8
+MAX_QUESTION_PASS_BYTES = 2 << 30
 MAX_QUESTION_BATCH = 8  # questions in one question pass at most
 
 
@@ -148,23 +150,27 @@ MAX_QUESTION_BATCH = 8  # questions in one question pass at most
 def build_static_contexts(runner: Runner, requests: list[QuestionContextRequest]) -> list[FixedContext]:
     """`build_static_context` of several questions: those of one shape (prefix, chunk count and
     keys, padded question rows) in one batched pass of the runner's (`StaticQueryPass`, fixed
-    buffers, a captured graph on CUDA), up to MAX_QUESTION_BATCH a pass, rows padded to a power of
-    two so few batch sizes are captured."""
+    buffers, a captured graph on CUDA), up to MAX_QUESTION_BATCH a pass (fewer where their buffers
+    would pass MAX_QUESTION_PASS_BYTES), rows padded to a power of two so few batch sizes are
+    captured."""
     contexts: list[FixedContext | None] = [None] * len(requests)
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(requests):
         rows = -(-len(r.query_ids) // QUESTION_ROUND) * QUESTION_ROUND
         shape = (len(r.prompt.prefix_ids), r.chunks.num_chunks, r.chunks.keys.shape[3], rows)
         groups.setdefault((shape, r.chunks.keys.dtype), []).append(i)
+    cfg = runner.cfg
     for (shape, dtype), members in groups.items():
-        for lo in range(0, len(members), MAX_QUESTION_BATCH):
-            part = members[lo:lo + MAX_QUESTION_BATCH]
+        p, k, t, rows = shape
+        one = 2 * cfg.num_layers * cfg.num_kv_heads * (p + k * t + rows) * cfg.head_dim * dtype.itemsize  # bytes
+        fits = max(1, min(MAX_QUESTION_BATCH, MAX_QUESTION_PASS_BYTES // one))
+        most = 1 << (fits.bit_length() - 1)  # a power of two, as the passes' rows are
+        for lo in range(0, len(members), most):
+            part = members[lo:lo + most]
             batch = batch_rows(len(part))
-            like = requests[part[0]].chunks.keys
-            query_pass = runner.kept("static question pass", (*shape, batch), MAX_QUESTION_PASSES,
-                                     lambda shape=shape, like=like, batch=batch: StaticQueryPass(runner, *shape, like,
-                                                                                                 batch),
-                                     fits=lambda q, dtype=dtype: q.keys.dtype == dtype)
+            query_pass = runner.kept("static question pass", (*shape, batch, dtype), MAX_QUESTION_PASSES,
+                                     lambda shape=shape, dtype=dtype, batch=batch: StaticQueryPass(runner, *shape,
+                                                                                                   dtype, batch))
             for i, ctx in zip(part, query_pass([requests[i] for i in part]), strict=True):
                 contexts[i] = ctx
     return contexts
@@ -196,15 +202,17 @@ class StaticQueryPass:
     """The question pass over `batch` static contexts of one shape (prefix of P tokens, K chunks of
     T keys, R question rows): fixed buffers each context is copied into (one copy for all layers),
     then one forward, a captured CUDA graph on CUDA. Returns each question's FixedContext (its own
-    copy); rows without a question repeat the first one's inputs and are ignored."""
+    copy); rows without a question repeat the first one's question rows over no context, ignored."""
 
     def __init__(self, runner: Runner, prefix_len: int, num_chunks: int, chunk_keys: int, rows: int,
-                 like: torch.Tensor, batch: int = 1) -> None:
+                 dtype: torch.dtype, batch: int = 1) -> None:
         cfg, device = runner.cfg, runner.device
         self.runner, self.rows, self.batch = runner, rows, batch
         self.context_len = prefix_len + num_chunks * chunk_keys
         shape = (cfg.num_layers, batch, cfg.num_kv_heads, self.context_len + rows, cfg.head_dim)
-        self.keys, self.values = like.new_zeros(shape), like.new_zeros(shape)
+        # On the model's device, whatever the documents' (their chunks are copied in).
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.valid = torch.zeros(batch, self.context_len + rows, dtype=torch.bool, device=device)
         self.ids = torch.zeros(batch, rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(batch, rows, dtype=torch.long, device=device)
@@ -231,9 +239,8 @@ class StaticQueryPass:
         assert int(lengths.min()) > 0 and int(lengths.max()) <= self.rows
         for row, request in enumerate(padded):
             ids[row, :lengths[row]] = torch.tensor(request.query_ids)
-            if row >= len(requests):  # a spare row: the first question's context again
-                self.keys[:, row], self.values[:, row] = self.keys[:, 0], self.values[:, 0]
-                self.valid[row, :tc] = self.valid[0, :tc]
+            if row >= len(requests):  # a spare row: the first question's rows over no context
+                self.valid[row, :tc] = False
                 continue
             placed_k, placed_v, valid = _placed_context(self.runner, request)
             prefix_kv = kept_prefix_kv(self.runner, request.prompt.prefix_ids)

@@ -283,6 +283,11 @@ def _attention_summary(chunk_size: int):
     return reduce
 
 
+def valid_chunk_keys(lengths: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """Pure: which of each chunk's C key slots hold a token, bool [b, C] from lengths [b]."""
+    return torch.arange(chunk_size, device=lengths.device)[None, :] < lengths[:, None]
+
+
 def _scoring_forward(runner: Runner, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, past: list,
                      read: torch.Tensor, read_tokens: torch.Tensor, capture: AttentionCapture
                      ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -320,7 +325,7 @@ class ScoringPass:
         self.ids = torch.zeros(b, rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(b, rows, dtype=torch.long, device=device)
         self.mask = torch.zeros(b, 1, rows, c + rows, dtype=torch.bool, device=device)  # [b, 1, rows, C + rows]
-        self.mask[:, 0, :, :c] = (torch.arange(c, device=device)[None, :] < self.lengths[:, None])[:, None, :]
+        self.mask[:, 0, :, :c] = valid_chunk_keys(self.lengths, c)[:, None, :]
         self.read = torch.zeros(read, dtype=torch.long, device=device)
         self.read_tokens = torch.zeros(read, dtype=torch.long, device=device)
         self.window = torch.zeros(window, dtype=torch.long, device=device)
@@ -425,31 +430,44 @@ def _sharing_key(job: ScoringJob, shifted: bool) -> tuple:
     return folds, after_window, rows.window.numel(), doc.chunk_size, doc.keys.dtype, doc.keys.device
 
 
+# The chunks' KV a shared pass copies, at most (their keys and values side by side): at Dream-7B's
+# shape a chunk of 512 tokens holds 29 MB, LLaDA-8B's 268 MB, so rows alone would not bound it.
+MAX_SHARED_PASS_KV_BYTES = 2 << 30
+
+
 @torch.inference_mode()
 def score_documents_together(runner: Runner, jobs: Sequence[ScoringJob]) -> list[DocumentScores]:
     """`score_document` of several jobs (documents of several questions), their chunks sharing
-    eager batched passes of at most `max_rows` rows: one pass reads the weights for many questions,
-    where each question alone would read them for its few chunks. Each item's KV is copied into
-    the pass (the chunks of different documents are not one tensor). Scores equal each job's alone,
-    up to the floating-point order of a larger matmul (tests/test_chunk_scorer.py)."""
+    eager batched passes of at most `max_rows` rows and MAX_SHARED_PASS_KV_BYTES of copied KV: one
+    pass reads the weights for many questions, where each question alone would read them for its
+    few chunks. A job that shares with no other is scored alone (`score_document`: kept passes,
+    KV read in place). Scores equal each job's alone, up to the floating-point order of a larger
+    matmul (tests/test_chunk_scorer.py)."""
     cfg = runner.cfg
     results: list[DocumentScores | None] = [None] * len(jobs)
     groups: dict[tuple, list[int]] = {}
     for j, job in enumerate(jobs):
         groups.setdefault(_sharing_key(job, cfg.logits_shifted), []).append(j)
-    for members in groups.values():
-        first = [question_layout(runner, jobs[j].rows, jobs[j].params) for j in members]
-        folds = _sharing_key(jobs[members[0]], cfg.logits_shifted)[0]
-        per_fold = max(layout.ids.numel() for layout in first) // folds
-        reads = max(layout.read.numel() for layout in first) // folds
+    for key, members in groups.items():
+        if len(members) == 1:
+            job = jobs[members[0]]
+            results[members[0]] = score_document(runner, job.document, job.rows, job.params)
+            continue
+        folds = key[0]
+        own = [question_layout(runner, jobs[j].rows, jobs[j].params) for j in members]  # each at its own size
+        per_fold = max(layout.ids.numel() for layout in own) // folds
+        reads = max(layout.read.numel() for layout in own) // folds
         layouts = [question_layout(runner, jobs[j].rows, jobs[j].params, per_fold, reads) for j in members]
         sinks = [_ScoreSink(jobs[j].document.num_chunks, cfg.num_layers, layout, jobs[j].params)
                  for j, layout in zip(members, layouts, strict=True)]
-        rows_per_item, c = layouts[0].ids.numel(), jobs[members[0]].document.chunk_size
-        budget = min(jobs[j].params.max_rows for j in members)
+        doc = jobs[members[0]].document
+        rows_per_item, c = layouts[0].ids.numel(), doc.chunk_size
+        chunk_bytes = (doc.keys[:, 0].nbytes + doc.values[:, 0].nbytes) if doc.num_chunks else 1
+        items_per_pass = max(1, min(min(jobs[j].params.max_rows for j in members) // rows_per_item,
+                                    MAX_SHARED_PASS_KV_BYTES // chunk_bytes))
         runs = [(m, 0, jobs[j].document.num_chunks) for m, j in enumerate(members)]  # (member, chunks [start, end))
         capture = AttentionCapture(tuple(range(cfg.num_layers)), layouts[0].window, _attention_summary(c))
-        for batch in _pack_runs(runs, max(1, budget // rows_per_item)):
+        for batch in _pack_runs(runs, items_per_pass):
             items = [(jobs[members[m]].document, start, end, layouts[m]) for m, start, end in batch]
             log_probs, summary = _shared_pass(runner, items, capture)
             at = 0
@@ -464,10 +482,15 @@ def score_documents_together(runner: Runner, jobs: Sequence[ScoringJob]) -> list
 def _shared_pass(runner: Runner, items: list[tuple[DocumentKV, int, int, ScoringLayout]],
                  capture: AttentionCapture) -> tuple[torch.Tensor, torch.Tensor]:
     """One eager scoring forward over runs of chunks (document, [start, end), its question's
-    layout, all layouts of one shape): their KV copied side by side, each item its layout's rows."""
+    layout, all layouts of one shape), each item its layout's rows. The runs' KV is copied side
+    by side (the chunks of different documents are not one tensor); a single run is read in place."""
     cfg, device = runner.cfg, runner.device
-    keys = torch.cat([doc.keys[:, s:e].to(device, non_blocking=True) for doc, s, e, _ in items], 1)  # [L, b, Hkv, C, D]
-    values = torch.cat([doc.values[:, s:e].to(device, non_blocking=True) for doc, s, e, _ in items], 1)
+    if len(items) == 1:
+        doc, s, e, _ = items[0]
+        keys, values = doc.keys[:, s:e].to(device), doc.values[:, s:e].to(device)  # [L, b, Hkv, C, D]
+    else:
+        keys = torch.cat([doc.keys[:, s:e].to(device, non_blocking=True) for doc, s, e, _ in items], 1)
+        values = torch.cat([doc.values[:, s:e].to(device, non_blocking=True) for doc, s, e, _ in items], 1)
     lengths = torch.cat([doc.lengths[s:e] for doc, s, e, _ in items]).to(device)  # [b]
     counts = torch.tensor([e - s for _, s, e, _ in items])
 
@@ -475,7 +498,7 @@ def _shared_pass(runner: Runner, items: list[tuple[DocumentKV, int, int, Scoring
         return torch.stack([getattr(layout, name) for *_, layout in items]).repeat_interleave(counts.to(device), 0)
 
     rows, c = items[0][3].ids.numel(), keys.shape[3]
-    chunk_keys = torch.arange(c, device=device)[None, :] < lengths[:, None]  # [b, C]
+    chunk_keys = valid_chunk_keys(lengths, c)  # [b, C]
     mask = torch.cat((chunk_keys[:, None, :].expand(-1, rows, -1), per_item("row_mask")), -1)[:, None]
     past = [(keys[layer], values[layer]) for layer in range(cfg.num_layers)]
     return _scoring_forward(runner, per_item("ids"), lengths[:, None] + per_item("offsets"), mask, past,
@@ -545,7 +568,7 @@ def _past(keys: torch.Tensor, values: torch.Tensor, start: int, end: int, device
 
 def _rows_mask(lengths: torch.Tensor, c: int, n: int, causal: bool, device) -> torch.Tensor:
     """bool [b, 1, n, C + n]: every valid chunk key, then the rows (causal or full) among themselves."""
-    chunk_keys = torch.arange(c, device=device)[None, :] < lengths.to(device)[:, None]  # [b, C]
+    chunk_keys = valid_chunk_keys(lengths.to(device), c)  # [b, C]
     rows = torch.ones(n, n, dtype=torch.bool, device=device)
     if causal:
         rows = torch.tril(rows)

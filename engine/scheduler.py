@@ -396,8 +396,9 @@ class AnswerScheduler:
         questions = [(loaded[i][2], question_scoring_rows(self.runner, loaded[i][1].prompt, loaded[i][1].draft,
                                                           loaded[i][0].params), loaded[i][0].params.scoring)
                      for i in scoring]
-        for i, scored in zip(scoring, score_questions(self.runner, questions), strict=True):
-            scores[i] = scored
+        checks = [lambda s=loaded[i][0]: self._check(s) for i in scoring]
+        for i, scored in zip(scoring, score_questions(self.runner, questions, checks), strict=True):
+            scores[i] = scored  # None if its asker stopped it: its own check then ends it
         return scores
 
     def _layout_for(self, params: AnswerParams, documents: Sequence[DocumentKV], together: int) -> AnswerParams:

@@ -308,3 +308,27 @@ def test_shared_passes_score_each_job_as_it_scores_alone(engines, family, folds)
             assert got.token_scores is None
         else:
             torch.testing.assert_close(got.token_scores, want.token_scores, atol=1e-5, rtol=1e-5)
+
+
+def test_a_stopped_job_leaves_the_shared_passes_and_the_others_score_on(engines):
+    """A job whose interrupt check raises before its second pass (its question was cancelled) gets
+    no scores and is in no later pass; the other jobs' scores are unchanged."""
+    engine = engines["llada"]
+    runner, cfg = engine.runner, engine.config
+    docs = [prefill_document(runner, doc_ids(9 * 16 - 1, 60, seed=40 + i), chunk_size=16) for i in range(3)]
+    calls = []
+
+    def cancelled_after_one_pass() -> None:
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("cancelled")
+
+    query = doc_ids(11, 60, seed=7).tolist()
+    rows = scoring_rows(query, (1, 10), None, 4, cfg.logits_shifted)
+    params = ScoringParams(scorer="self_information", llada_folds=2, max_rows=80)  # several passes a document
+    jobs = [ScoringJob(doc, rows, params, cancelled_after_one_pass if i == 1 else None) for i, doc in enumerate(docs)]
+    together = score_documents_together(runner, jobs)
+    assert together[1] is None and len(calls) == 2  # checked before its first two passes, then left
+    for i in (0, 2):
+        want = score_document(runner, docs[i], rows, params, keep_passes=False)
+        torch.testing.assert_close(together[i].scores, want.scores, atol=1e-5, rtol=1e-5)

@@ -245,22 +245,29 @@ def score_chunks(runner: Runner, documents: Sequence[DocumentKV], rows: ScoringR
     return _joined(runner, [score_document(runner, doc, rows, params, interrupt_check) for doc in documents])
 
 
-def score_questions(runner: Runner, questions: Sequence[tuple[Sequence[DocumentKV], ScoringRows, ScoringParams]]
-                    ) -> list[ChunkScores]:
+def score_questions(runner: Runner, questions: Sequence[tuple[Sequence[DocumentKV], ScoringRows, ScoringParams]],
+                    interrupt_checks: Sequence[Callable[[], None] | None] | None = None) -> list[ChunkScores | None]:
     """`score_chunks` of several questions (documents, rows, params each), all their chunks in
     shared batched passes (`score_documents_together`); a question alone takes `score_chunks`'
-    kept passes (captured graphs for the documents that stay resident)."""
+    kept passes (captured graphs for the documents that stay resident). A question whose
+    interrupt check raises before one of its shared passes leaves the rest and gets None (alone,
+    the check's error is raised)."""
+    checks = list(interrupt_checks or [None] * len(questions))
     start = time.perf_counter()
     if len(questions) == 1:
-        scored = [score_chunks(runner, *questions[0])]
+        scored: list[ChunkScores | None] = [score_chunks(runner, *questions[0], checks[0])]
     else:
-        jobs = [ScoringJob(doc, rows, params) for documents, rows, params in questions for doc in documents]
+        jobs = [ScoringJob(doc, rows, params, check)
+                for (documents, rows, params), check in zip(questions, checks, strict=True) for doc in documents]
         per_job = iter(score_documents_together(runner, jobs))
-        scored = [_joined(runner, [next(per_job) for _ in documents]) for documents, _, _ in questions]
+        scored = []
+        for documents, _, _ in questions:
+            per_doc = [next(per_job) for _ in documents]
+            scored.append(None if any(d is None for d in per_doc) else _joined(runner, per_doc))
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
     seconds = time.perf_counter() - start
-    return [dataclasses.replace(s, seconds=seconds) for s in scored]
+    return [None if s is None else dataclasses.replace(s, seconds=seconds) for s in scored]
 
 
 def _joined(runner: Runner, per_doc: list[DocumentScores]) -> ChunkScores:

@@ -416,6 +416,18 @@ class ScoringJob:
     document: DocumentKV
     rows: ScoringRows
     params: ScoringParams
+    # Raises to stop the job (its question was cancelled or is past its budget): called before
+    # each pass the job is in; a stopped job has no scores and leaves the later passes.
+    interrupt_check: Callable[[], None] | None = None
+
+    def stopped(self) -> bool:
+        if self.interrupt_check is None:
+            return False
+        try:
+            self.interrupt_check()
+        except Exception:  # noqa: BLE001 - the question's own check says so again where it is handled
+            return True
+        return False
 
 
 def _sharing_key(job: ScoringJob, shifted: bool) -> tuple:
@@ -436,13 +448,13 @@ MAX_SHARED_PASS_KV_BYTES = 2 << 30
 
 
 @torch.inference_mode()
-def score_documents_together(runner: Runner, jobs: Sequence[ScoringJob]) -> list[DocumentScores]:
+def score_documents_together(runner: Runner, jobs: Sequence[ScoringJob]) -> list[DocumentScores | None]:
     """`score_document` of several jobs (documents of several questions), their chunks sharing
     eager batched passes of at most `max_rows` rows and MAX_SHARED_PASS_KV_BYTES of copied KV: one
     pass reads the weights for many questions, where each question alone would read them for its
     few chunks. A job that shares with no other is scored alone (`score_document`: kept passes,
     KV read in place). Scores equal each job's alone, up to the floating-point order of a larger
-    matmul (tests/test_chunk_scorer.py)."""
+    matmul (tests/test_chunk_scorer.py); a job its `interrupt_check` stopped gets None."""
     cfg = runner.cfg
     results: list[DocumentScores | None] = [None] * len(jobs)
     groups: dict[tuple, list[int]] = {}
@@ -451,7 +463,8 @@ def score_documents_together(runner: Runner, jobs: Sequence[ScoringJob]) -> list
     for key, members in groups.items():
         if len(members) == 1:
             job = jobs[members[0]]
-            results[members[0]] = score_document(runner, job.document, job.rows, job.params)
+            if not job.stopped():
+                results[members[0]] = score_document(runner, job.document, job.rows, job.params)
             continue
         folds = key[0]
         own = [question_layout(runner, jobs[j].rows, jobs[j].params) for j in members]  # each at its own size
@@ -467,15 +480,21 @@ def score_documents_together(runner: Runner, jobs: Sequence[ScoringJob]) -> list
                                     MAX_SHARED_PASS_KV_BYTES // chunk_bytes))
         runs = [(m, 0, jobs[j].document.num_chunks) for m, j in enumerate(members)]  # (member, chunks [start, end))
         capture = AttentionCapture(tuple(range(cfg.num_layers)), layouts[0].window, _attention_summary(c))
+        stopped = [False] * len(members)
         for batch in _pack_runs(runs, items_per_pass):
+            for m in {m for m, _, _ in batch if not stopped[m]}:
+                stopped[m] = jobs[members[m]].stopped()
+            batch = [run for run in batch if not stopped[run[0]]]
+            if not batch:
+                continue
             items = [(jobs[members[m]].document, start, end, layouts[m]) for m, start, end in batch]
             log_probs, summary = _shared_pass(runner, items, capture)
             at = 0
             for m, start, end in batch:
                 sinks[m].add(start, end, log_probs[at:at + end - start], summary[at:at + end - start])
                 at += end - start
-        for j, sink in zip(members, sinks, strict=True):
-            results[j] = sink.result()
+        for j, sink, stop in zip(members, sinks, stopped, strict=True):
+            results[j] = None if stop else sink.result()
     return results
 
 

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -61,6 +62,7 @@ from engine.method.kv_cache import DocumentKV
 from engine.runner import Runner
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class QueueFull(RuntimeError):
@@ -293,16 +295,8 @@ class AnswerScheduler:
     def _draft(self, newcomers: list[_Submitted]) -> None:
         """The newcomers' prompts, and their drafts in one batched pass; each joins `_admitting`
         (a question whose prompt fails, e.g. an empty one, ends there with its error)."""
-        prompts = []
-        for submitted in newcomers:
-            try:
-                self._check(submitted)
-                prompts.append((submitted, question_prompt(self.runner, self.tokenizer, submitted.question,
-                                                           submitted.params)))
-            except BaseException as exc:  # noqa: BLE001 - the question's error goes to its asker
-                self._fail(submitted, exc)
-                with self._wake:
-                    self._pending -= 1
+        prompts = self._each_still_asked(
+            newcomers, lambda s: question_prompt(self.runner, self.tokenizer, s.question, s.params))
         if not prompts:
             return
         try:
@@ -319,6 +313,21 @@ class AnswerScheduler:
         self._admitting += [(submitted, DraftedQuestion(prompt, draft, seconds))
                             for (submitted, prompt), draft in zip(prompts, drafts, strict=True)]
 
+    def _each_still_asked(self, questions: list[_Submitted], work: Callable[[_Submitted], T]
+                          ) -> list[tuple[_Submitted, T]]:
+        """(question, work(question)) for each question its asker still waits for; one whose check
+        or work raises ends there with that error, no longer pending."""
+        kept = []
+        for submitted in questions:
+            try:
+                self._check(submitted)
+                kept.append((submitted, work(submitted)))
+            except BaseException as exc:  # noqa: BLE001 - the question's error goes to its asker
+                self._fail(submitted, exc)
+                with self._wake:
+                    self._pending -= 1
+        return kept
+
     def _check(self, submitted: _Submitted) -> None:
         if submitted.handle._cancelled.is_set():
             raise _Cancelled()
@@ -328,17 +337,10 @@ class AnswerScheduler:
     def _prepare(self, newcomers: list[tuple[_Submitted, DraftedQuestion]]) -> None:
         """Loads the newcomers' documents and prepares them together; each joins the batch (or
         ends with its error)."""
-        loaded = []
-        for submitted, question in newcomers:
-            try:
-                self._check(submitted)
-                # Outside a turn: a loader that has to prefill takes turns of its own.
-                documents = submitted.documents() if callable(submitted.documents) else submitted.documents
-                loaded.append((submitted, question, documents))
-            except BaseException as exc:  # noqa: BLE001 - the question's error goes to its asker
-                self._fail(submitted, exc)
-                with self._wake:
-                    self._pending -= 1
+        drafted = dict(newcomers)  # by identity: a _Submitted compares as itself
+        # Outside a turn: a loader that has to prefill takes turns of its own.
+        loaded = [(submitted, drafted[submitted], documents) for submitted, documents in self._each_still_asked(
+            list(drafted), lambda s: s.documents() if callable(s.documents) else s.documents)]
         if not loaded:
             return
         self.prepared_together[len(loaded)] += 1

@@ -137,15 +137,7 @@ def test_the_kept_question_pass_equals_the_eager_one(engines, family, token_budg
     chunks, _, query_start = gather_selected(runner, [doc], refs, rows, params, len(prompt.prefix_ids))
     eager = build_static_context(runner, prompt, chunks, query_start, extra, kept_pass=False)
     for _ in range(2):  # the second call reuses the kept pass's buffers
-        kept = build_static_context(runner, prompt, chunks, query_start, extra)
-        assert kept.answer_start == eager.answer_start
-        assert torch.equal(kept.key_valid, eager.key_valid)
-        for (k1, v1), (k2, v2) in zip(kept.kv, eager.kv, strict=True):
-            torch.testing.assert_close(k1, k2, atol=2e-5, rtol=1e-4)
-            torch.testing.assert_close(v1, v2, atol=2e-5, rtol=1e-4)
-        torch.testing.assert_close(kept.anchors, eager.anchors, atol=1e-5, rtol=1e-4)
-        if runner.cfg.logits_shifted:
-            torch.testing.assert_close(kept.anchor_logits, eager.anchor_logits, atol=2e-5, rtol=1e-4)
+        _assert_same_context(build_static_context(runner, prompt, chunks, query_start, extra), eager)
     assert len(runner.kept_items("static question pass")) >= 1
 
 
@@ -177,15 +169,20 @@ def test_question_passes_shared_by_several_questions_equal_each_alone(engines, f
         requests.append(QuestionContextRequest(prompt, chunks, query_start, extra))
     for _ in range(2):  # the second round reuses the kept passes' buffers
         for r, shared in zip(requests, build_static_contexts(runner, requests), strict=True):
-            alone = build_static_context(runner, r.prompt, r.chunks, r.query_start, list(r.extra_ids), kept_pass=False)
-            assert shared.answer_start == alone.answer_start
-            assert torch.equal(shared.key_valid, alone.key_valid)
-            for (k1, v1), (k2, v2) in zip(shared.kv, alone.kv, strict=True):
-                torch.testing.assert_close(k1, k2, atol=2e-5, rtol=1e-4)
-                torch.testing.assert_close(v1, v2, atol=2e-5, rtol=1e-4)
-            torch.testing.assert_close(shared.anchors, alone.anchors, atol=1e-5, rtol=1e-4)
-            if runner.cfg.logits_shifted:
-                torch.testing.assert_close(shared.anchor_logits, alone.anchor_logits, atol=2e-5, rtol=1e-4)
+            _assert_same_context(shared, build_static_context(runner, r.prompt, r.chunks, r.query_start,
+                                                              list(r.extra_ids), kept_pass=False))
     # (prefix, chunks, chunk keys, padded question rows, batch rows, dtype): three questions share a pass
     # of four rows (one spare), the others have passes of their own.
     assert sum(key[-2] == 4 for key in runner.kept_items("static question pass")) == 1
+
+
+def _assert_same_context(got, want) -> None:
+    """Two FixedContexts agree: answer start, valid keys, KV, BOS anchors, anchor logits (fp32 CPU)."""
+    assert got.answer_start == want.answer_start
+    assert torch.equal(got.key_valid, want.key_valid)
+    for (k1, v1), (k2, v2) in zip(got.kv, want.kv, strict=True):
+        torch.testing.assert_close(k1, k2, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(v1, v2, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(got.anchors, want.anchors, atol=1e-5, rtol=1e-4)
+    if want.anchor_logits is not None:
+        torch.testing.assert_close(got.anchor_logits, want.anchor_logits, atol=2e-5, rtol=1e-4)

@@ -4,6 +4,9 @@
 trace says what was chosen and why (scores, kept tokens, BOS anchor attention, timings). Its
 phases are public functions of `(runner, documents, params)`, for profiling and tests:
 `draft_answer`, `score_chunks`, `select_chunks`, `gather_selected`, `answer_decoder`.
+`prepare_answer` (everything before the decode steps) is `choose_chunks` then `start_answer`; the
+scheduler runs several questions' phases together in between (`draft_answers`, `score_questions`,
+`static_contexts`).
 """
 
 from __future__ import annotations

@@ -38,6 +38,9 @@ class ModelDefaults:
     # Below this best selected score (nats) the answer carries the "the documents may not contain
     # this" warning; None: no warning.
     weak_score: float | None = None
+    # The model copies its answers from the passages (a lookup reader): an answer that none of the
+    # chosen passages contains is then flagged as possibly made up (app.grounding).
+    extractive_answers: bool = False
 
 
 # What each default does, in a sentence a user reads (the Settings tab lists them with their values).
@@ -64,6 +67,7 @@ FIELD_HELP: dict[str, str] = {
     "prefilter_chunks_cpu": "The same on a CPU, where each scored chunk costs more time.",
     "bm25_weight": "Nats the best keyword match adds to its chunk's score before selection (0: the scorer alone).",
     "weak_score": "Below this best score (nats) the answer warns that the documents may not contain it.",
+    "extractive_answers": "The model copies answers from the passages: an answer none of them contains is flagged.",
 }
 
 

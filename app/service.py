@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from app.defaults import BUNDLED_MODEL, ModelDefaults, answer_params, model_defaults, prefilter_for
+from app.grounding import Passage, answer_in_passages
 from app.ingest import IngestError, extract
 from app.jobs import JobProgress, progress_of
 from app.kv_service import DocumentKVService
@@ -141,6 +142,24 @@ class Citation:
     page_end: int = -1
     char_start: int = -1
     char_end: int = -1
+
+
+def answer_warning(text: str, citations: list[Citation], best_score: float, weak_score: float | None,
+                   extractive: bool) -> tuple[str, str | None]:
+    """Pure: the answer as shown and the warning it carries, if any. "not found" (what a model
+    trained to say so answers) shows as no answer with a warning; an answer none of the passages
+    contains, from a model that copies its answers (`extractive`), is flagged; else a best score
+    below `weak_score` warns that the documents may not hold the answer."""
+    if text.strip().lower().rstrip(".") == NOT_FOUND_ANSWER:
+        return "", "Not found: the documents may not contain this (the chosen passages do not say it)."
+    if extractive and not answer_in_passages(text, [Passage(c.document_id, c.char_start, c.char_end, c.text)
+                                                    for c in citations]):
+        return text, ("Check this answer: none of the chosen passages contains it, so it may not come from "
+                      "the documents.")
+    if weak_score is not None and best_score < weak_score:
+        return text, ("The documents may not contain this: no passage explains the question well "
+                      f"(best score {best_score:.2f}, below {weak_score:.2f}).")
+    return text, None
 
 
 @dataclass(frozen=True)
@@ -663,15 +682,8 @@ class DocQA:
         order = sorted(range(len(citations)), key=lambda i: -citations[i].score)
         citations = [citations[i] for i in order]
         anchors = [anchor_rows[i] for i in order] if len(anchor_rows) == len(order) else anchor_rows
-        warning = None
         best = max(tr.selected_scores, default=float("-inf"))
-        answer = res.text
-        if answer.strip().lower().rstrip(".") == NOT_FOUND_ANSWER:  # what a model trained to say so answers
-            answer = ""
-            warning = "Not found: the documents may not contain this (the chosen passages do not say it)."
-        elif self.weak_score is not None and best < self.weak_score:
-            warning = ("The documents may not contain this: no passage explains the question well "
-                       f"(best score {best:.2f}, below {self.weak_score:.2f}).")
+        answer, warning = answer_warning(res.text, citations, best, self.weak_score, self.defaults.extractive_answers)
         timings = {"load_kv": load_s, **tr.timings}
         return AskResult(answer, citations, warning, conversation_id, scores, anchors, timings, tr.steps)
 

@@ -172,6 +172,7 @@ def test_sample_report_fact_on_page_42(service):
     fact = FACTS[1]
     result = service.answer(fact["question"], [info.record.id])
     assert result.answer == fact["answer"]
+    assert result.warning is None  # read from its passage: not flagged (app.grounding)
     assert covers(result.citations[0].pages, fact["page"])
 
 

@@ -1,0 +1,60 @@
+"""Whether an answer is written in its passages (app/grounding.py), and the app's flag on one that is not."""
+
+from __future__ import annotations
+
+from app.grounding import Passage, answer_in_passages, answer_items, joined_passages
+
+
+def _p(text: str, start: int = -1, document: str = "d1") -> Passage:
+    return Passage(document, start, start + len(text) if start >= 0 else -1, text)
+
+
+def test_a_copied_answer_passes_whatever_its_case_spacing_and_outer_punctuation():
+    passages = [_p("Tickets for the Hesk regatta cost 8,320 euros.\n\nFiles: src/x"), _p("The key is 'A–7'.")]
+    for answer in ("8,320 euros", "8,320 Euros.", "  8,320\neuros ", "\u2018a-7\u2019"):
+        assert answer_in_passages(answer, passages), answer
+    assert answer_in_passages("", passages)  # nothing claimed
+
+
+def test_a_value_in_no_passage_is_flagged():
+    passages = [_p("The Pellow salad needs 32 minutes in the oven."), _p("Belgian waffles are served at noon.")]
+    assert not answer_in_passages("Belgium", passages)
+    assert not answer_in_passages("7,160 euros", passages)
+
+
+def test_a_list_answer_passes_when_each_item_is_found_anywhere():
+    assert answer_items("PDF, JSON and PNG.") == ["pdf", "json", "png"]
+    assert answer_items("7,160 euros") == ["7,160 euros"]
+    passages = [_p("It reads PDF and JSON files."), _p("Pictures are saved as PNG.")]
+    assert answer_in_passages("PDF, JSON and PNG", passages)
+    assert not answer_in_passages("PDF, JSON and TIFF", passages)
+
+
+def test_passages_that_follow_each_other_are_read_as_one_text():
+    """A value cut by a chunk boundary is found when both chunks are chosen, in any order."""
+    first, second = "The inspector is Kofi Far", "ouk, since May."
+    passages = [_p(second, 25), _p(first, 0)]
+    assert joined_passages(passages) == ["the inspector is kofi farouk, since may."]
+    assert answer_in_passages("Kofi Farouk", passages)
+    apart = [_p(first, 0), _p(second, 40)]  # not adjacent: a gap of text between them
+    assert not answer_in_passages("Kofi Farouk", apart)
+    other_document = [_p(first, 0), _p(second, 25, document="d2")]
+    assert not answer_in_passages("Kofi Farouk", other_document)
+
+
+def test_the_app_flags_an_answer_its_passages_do_not_hold():
+    """What the answer shows (app.service.answer_warning): "not found" as no answer with a
+    warning; a made-up value from a copying model flagged, the same from another model not; a
+    weak best score warned of."""
+    from app.service import Citation, answer_warning
+
+    passage = "Tickets for the Hesk regatta cost 8,320 euros. The Ulla night takes place in Bergen."
+    citations = [Citation("d1", "report.pdf", 3, "12", -0.4, passage, char_start=0, char_end=len(passage))]
+    assert answer_warning("8,320 euros", citations, -0.4, -1.5, True) == ("8,320 euros", None)
+    shown, warning = answer_warning("Belgium", citations, -0.4, -1.5, True)
+    assert shown == "Belgium" and "none of the chosen passages contains it" in warning
+    assert answer_warning("Belgium", citations, -0.4, -1.5, False) == ("Belgium", None)
+    shown, warning = answer_warning("Not found.", citations, -0.4, -1.5, True)
+    assert shown == "" and warning.startswith("Not found")
+    shown, warning = answer_warning("Bergen", citations, -2.0, -1.5, True)
+    assert shown == "Bergen" and "may not contain" in warning

@@ -430,15 +430,21 @@ class ScoringJob:
         return False
 
 
-def _sharing_key(job: ScoringJob, shifted: bool) -> tuple:
+def _fold_sizes(job: ScoringJob, shifted: bool) -> tuple[int, int, int]:
+    """Pure: the job's scoring layout before padding: (folds, rows a fold, most reads a fold)."""
+    rows, params = job.rows, job.params
+    if params.scorer in LIKELIHOOD_SCORERS and not shifted:
+        plan = masking_folds(rows.targets, params.llada_folds)
+        return plan.shape[0], rows.ids.numel(), int(plan.sum(1).max())
+    return 1, rows.ids.numel(), int(rows.targets.sum())
+
+
+def _sharing_key(job: ScoringJob, folds: int) -> tuple:
     """Jobs with one key can share a pass: the same fold count, chunk size, KV dtype and device,
     and window rows at the same indices once left-padded to one shape (the rows after the window,
     i.e. the draft's slots, and the window's size agree)."""
-    rows, params = job.rows, job.params
-    likelihood = params.scorer in LIKELIHOOD_SCORERS
-    folds = masking_folds(rows.targets, params.llada_folds).shape[0] if likelihood and not shifted else 1
+    rows, doc = job.rows, job.document
     after_window = rows.ids.numel() - 1 - int(rows.window[-1])
-    doc = job.document
     return folds, after_window, rows.window.numel(), doc.chunk_size, doc.keys.dtype, doc.keys.device
 
 
@@ -457,19 +463,18 @@ def score_documents_together(runner: Runner, jobs: Sequence[ScoringJob]) -> list
     matmul (tests/test_chunk_scorer.py); a job its `interrupt_check` stopped gets None."""
     cfg = runner.cfg
     results: list[DocumentScores | None] = [None] * len(jobs)
+    sizes = [_fold_sizes(job, cfg.logits_shifted) for job in jobs]
     groups: dict[tuple, list[int]] = {}
     for j, job in enumerate(jobs):
-        groups.setdefault(_sharing_key(job, cfg.logits_shifted), []).append(j)
-    for key, members in groups.items():
+        groups.setdefault(_sharing_key(job, sizes[j][0]), []).append(j)
+    for members in groups.values():
         if len(members) == 1:
             job = jobs[members[0]]
             if not job.stopped():
                 results[members[0]] = score_document(runner, job.document, job.rows, job.params)
             continue
-        folds = key[0]
-        own = [question_layout(runner, jobs[j].rows, jobs[j].params) for j in members]  # each at its own size
-        per_fold = max(layout.ids.numel() for layout in own) // folds
-        reads = max(layout.read.numel() for layout in own) // folds
+        per_fold = max(sizes[j][1] for j in members)  # the group's shape: its largest question's
+        reads = max(sizes[j][2] for j in members)
         layouts = [question_layout(runner, jobs[j].rows, jobs[j].params, per_fold, reads) for j in members]
         sinks = [_ScoreSink(jobs[j].document.num_chunks, cfg.num_layers, layout, jobs[j].params)
                  for j, layout in zip(members, layouts, strict=True)]

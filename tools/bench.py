@@ -113,7 +113,7 @@ def _warm_up(runner: Runner, modes: list[str], chunk_size: int, top_k: int, gen:
     cfg = runner.cfg
     chunks = max(top_k + 1, chunks_per_batch(chunk_size, PREFILL_TOKEN_BUDGET))
     doc = prefill_document(runner, torch.randint(8, cfg.vocab_size, (chunk_size * chunks,), generator=gen), chunk_size)
-    sampling = SamplingParams(decoder="low_confidence", gen_length=32, block_length=32, steps=32, stop_at_eos=False)
+    sampling = answer_sampling(32)
     for mode in modes:
         params = AnswerParams(top_k=top_k, kv_mode=mode, sampling=sampling, scoring=scoring)
         _answer(runner, doc, random_question(cfg, gen), params, 2 if mode == "dense" else None)
@@ -132,6 +132,16 @@ def synthetic_index(num_chunks: int, gen: torch.Generator, words_per_chunk: int 
     conn = index_texts([" ".join(words[w] for w in row) for row in drawn])
     question = " ".join(words[w] for w in torch.multinomial(zipf, 10, generator=gen).tolist())
     return conn, question
+
+
+def answer_sampling(answer: int, tokens_per_step: int = 1) -> SamplingParams:
+    """The benchmarks' decoding: `tokens_per_step` tokens committed at each step (by confidence),
+    blocks of at most 32, EOS never ends an answer early."""
+    block = min(32, answer)
+    if tokens_per_step < 1 or block % tokens_per_step:
+        raise ValueError(f"tokens per step ({tokens_per_step}) must divide the block of {block} tokens")
+    return SamplingParams(decoder="low_confidence", gen_length=answer, block_length=block,
+                          steps=answer // tokens_per_step, stop_at_eos=False)
 
 
 def candidate_ordinals(conn, question: str, num_chunks: int, m: int) -> list[int]:
@@ -199,8 +209,7 @@ def run(shape: str, contexts: list[int], answers: list[int], modes: list[str], d
                 if dev.type == "cuda":
                     torch.cuda.empty_cache()
             for answer in answers:
-                sampling = SamplingParams(decoder="low_confidence", gen_length=answer, block_length=min(32, answer),
-                                          steps=answer, stop_at_eos=False)
+                sampling = answer_sampling(answer)
                 if dev.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(dev)
                 params = AnswerParams(top_k=top_k, kv_mode=mode, scoring=scoring, sampling=sampling)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from engine import AnswerParams, SamplingParams, ScoringParams
+from engine import AnswerParams, ScoringParams
 from engine.attention import select_backend
 from engine.method.answer import AnswerResult
 from engine.method.kv_cache import take_chunks
@@ -39,7 +39,7 @@ from engine.method.prefill import prefill_document
 from engine.model.weights import random_model
 from engine.runner import Runner
 from engine.scheduler import AnswerScheduler
-from tools.bench import BENCH_SCORING, SHAPES, candidate_ordinals, random_question, synthetic_index
+from tools.bench import BENCH_SCORING, SHAPES, answer_sampling, candidate_ordinals, random_question, synthetic_index
 
 
 @dataclass
@@ -104,16 +104,6 @@ def _threads(targets) -> None:
         t.start()
     for t in threads:
         t.join()
-
-
-def answer_sampling(answer: int, tokens_per_step: int = 1) -> SamplingParams:
-    """The benchmarks' decoding: `tokens_per_step` tokens committed at each step (by confidence),
-    blocks of at most 32, EOS never ends an answer early."""
-    block = min(32, answer)
-    if tokens_per_step < 1 or block % tokens_per_step:
-        raise ValueError(f"tokens per step ({tokens_per_step}) must divide the block of {block} tokens")
-    return SamplingParams(decoder="low_confidence", gen_length=answer, block_length=block,
-                          steps=answer // tokens_per_step, stop_at_eos=False)
 
 
 def run(shape: str, concurrency: int, context: int, answer: int, device: str | None, chunk_size: int, top_k: int,

@@ -15,7 +15,9 @@ from training.relations import (
     families,
     frame,
     held_out_samples,
+    near_subject,
     split,
+    subject,
 )
 
 PARAGRAPHS = [f"Paragraph {i} of a real manual describes the options of a program and its files." for i in range(40)]
@@ -29,6 +31,18 @@ def test_at_least_200_families_each_well_formed():
         assert "{v}" in f.fact and ("{s}" in f.fact or "{S}" in f.fact), f.id
         assert all("{s}" in q for q in (f.question, *f.paraphrases)), f.id
         assert f.paraphrases, f.id
+
+
+def test_near_subjects_share_a_word_and_are_never_the_asked_one():
+    rng = random.Random(4)
+    for kind in ("place", "person", "service", "vessel", "route", "project", "event", "product"):
+        for _ in range(20):
+            asked = subject(kind, rng)
+            avoid = {subject(kind, rng)}
+            near = near_subject(asked, kind, rng, avoid=avoid)
+            assert near != asked and near not in avoid
+            stems = [{w[:4] for w in re.findall(r"[a-z]+", s.lower())} - {"the"} for s in (asked, near)]
+            assert stems[0] & stems[1], (asked, near)
 
 
 def test_the_split_is_fixed_and_by_kind():

@@ -307,6 +307,48 @@ def _real_text_sampler(task: str, seed: int):
     return corpus, layout, sampler
 
 
+def test_near_lookups_put_facts_about_near_subjects_beside_the_asked_one_and_ask_lists_often():
+    """lookup_near: a training wording and framing; beside the asked fact (or in its place, for "not
+    found") at least one fact of the same family about another subject sharing a word with the asked
+    one; list families asked far more often than among the training families (4%)."""
+    from training import relations
+    from training.tasks import LOOKUP_NEAR_LIST_SHARE
+
+    _, layout, sampler = _real_text_sampler("lookup_near", seed=7)
+    sp = relations.split()
+
+    def pattern(template: str, **groups: str) -> str:
+        out = re.escape(template)
+        for name, group in groups.items():
+            out = out.replace(re.escape("{" + name + "}"), group)
+        return out
+
+    asked_by = [(f, re.compile(pattern(relations.frame(w, framing), s="(?P<s>.+)") + "$"))
+                for f in sp.train_families for w in sp.train_wordings(f) for framing in sp.train_framings]
+    lists = not_found = 0
+    for _ in range(150):
+        ex = sampler.sample(4, scoring_share=0.0)
+        assert len(ex.chunks) == 4 and all(len(c) <= 127 for c in ex.chunks)
+        question = TOK.decode(ex.question_ids)
+        family, subject = next((f, m["s"]) for f, p in asked_by if (m := p.match(question)))
+        lists += family.is_list
+        texts = [TOK.decode(c) for c in ex.chunks]
+        text = " ".join(texts)
+        fact = re.compile(pattern(family.fact, S="(?P<s>[^.]+?)", s="(?P<s>[^.]+?)", v=".+?"))
+        stated = {m["s"].strip().lower() for t in texts for m in fact.finditer(t)}
+        stems = {w[:4] for w in re.findall(r"[a-z]+", subject.lower())} - {"the"}
+        near = [s for s in stated if s != subject.lower() and stems & {w[:4] for w in re.findall(r"[a-z]+", s)}]
+        assert near, (question, stated)
+        answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+        if answer == relations.NOT_FOUND:
+            not_found += 1
+            assert subject.lower() not in stated
+        else:
+            assert subject.lower() in stated and answer in text, (question, answer)
+    assert 5 < not_found < 50
+    assert lists > 150 * LOOKUP_NEAR_LIST_SHARE * 0.6
+
+
 def test_text_denoising_restores_the_text_that_follows_its_chunk():
     corpus, layout, sampler = _real_text_sampler("text_denoising", seed=2)
     stream = corpus["text_paragraphs"]["tokens"].tolist()

@@ -366,6 +366,30 @@ def subject(kind: str, rng: random.Random) -> str:
     return f"the {name} {noun}"
 
 
+def _subject_words(subject_: str) -> set[str]:
+    """The stems that tell a subject apart: each word's first four letters ("the north warehouse" ->
+    {"nort", "ware"}), so a service's name counts apart from its suffix ("tarnd" and "tarn-sync"
+    share "tarn")."""
+    return {w[:4] for w in re.findall(r"[a-z]+", subject_.lower())} - {"the"}
+
+
+def near_subject(asked: str, kind: str, rng: random.Random, avoid: set[str] = frozenset(), tries: int = 200) -> str:
+    """Another subject of `kind` that shares a word with `asked` ("the north depot" beside "the north
+    warehouse", "Ines Okafor" beside "Ines Varga"): a fact about it can be told from the asked one
+    only by reading the whole subject. Never `asked` nor one in `avoid`; any other subject where no
+    near one is drawn."""
+    words = _subject_words(asked)
+    taken = {asked, *avoid}
+    other = asked
+    for _ in range(tries):
+        other = subject(kind, rng)
+        if other not in taken and words & _subject_words(other):
+            return other
+    while other in taken:
+        other = subject(kind, rng)
+    return other
+
+
 _WORDS = ("amber cobalt juniper saffron granite falcon meadow harbour lantern orchid thistle quartz willow "
           "ember glacier marigold tundra velvet canyon sparrow").split()
 _CITIES = "Lisbon Tromso Porto Gdansk Valencia Bergen Cork Malmo Split Tartu Ghent Lyon Turin Leeds Kiel".split()

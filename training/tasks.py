@@ -54,8 +54,12 @@ class Layout:
 # A task left out of a weights dict has weight 0 (the tasks added later are 0 by default, so the
 # default stream stays the one the bundled model was first trained on).
 TASK_WEIGHTS = {"niah": 10, "kv_retrieval": 2, "hotpot": 3, "which_document": 2, "lookup": 0, "sentence_qa": 0,
-                "lookup_generated": 0, "text_denoising": 0, "text_mdm": 0}
+                "lookup_generated": 0, "text_denoising": 0, "text_mdm": 0, "lookup_near": 0}
 LOOKUP_NOT_FOUND_SHARE = 0.15
+# lookup_near asks a list family this share of the time (the table's 7 training list families are
+# 4% of plain lookups; on the held-out sets a list question is the likeliest miss).
+LOOKUP_NEAR_LIST_SHARE = 0.3
+LOOKUP_NEAR_SUBJECTS = (1, 2)  # facts of the asked family about near subjects, fewest and most
 # The generated task asks for "not found" never: with a share (measured, see the journal) its
 # refusals, where only the asked relation's phrase is missing, taught the model to answer only
 # questions whose words stand in the fact, and it said "not found" to held-out families and
@@ -112,6 +116,7 @@ class TaskSampler:
         text = corpus.get("text_paragraphs")  # real English (training.corpus), for the lookup haystacks
         self.text_tok, self.text_off = (text["tokens"], text["offsets"]) if text else (None, None)
         self.split = relations.split()
+        self.train_list_families = [f for f in self.split.train_families if f.is_list]
         self.generated_relations = relations.generated_relations(self.split)
         self.sentence_questions = corpus.get("sentence_questions", [])  # training.prepare
 
@@ -319,11 +324,23 @@ class TaskSampler:
         return self._lookup_example(k, family, (family.question, *family.paraphrases), most_others=k - 1,
                                     same_subject_family=same_subject, not_found_share=LOOKUP_GENERATED_NOT_FOUND_SHARE)
 
+    def lookup_near(self, k: int) -> Example:
+        """The lookup task made harder where the held-out sets find the model weak: a list family
+        LOOKUP_NEAR_LIST_SHARE of the time, and beside the asked fact one or two facts of its family
+        about near subjects ("the north depot" for "the north warehouse", "Ines Okafor" for "Ines
+        Varga"), so the answer is the one whose whole subject matches the question's. Unanswerable
+        (the lookup task's share): only the near subjects' facts are there."""
+        r, sp = self.rng, self.split
+        family = r.choice(self.train_list_families if r.random() < LOOKUP_NEAR_LIST_SHARE else sp.train_families)
+        return self._lookup_example(k, family, sp.train_wordings(family), most_others=k - 1,
+                                    near_subjects=r.randint(*LOOKUP_NEAR_SUBJECTS))
+
     def _lookup_example(self, k: int, family: relations.Family, wordings: tuple[str, ...], most_others: int,
                         same_subject_family: relations.Family | None = None,
-                        not_found_share: float = LOOKUP_NOT_FOUND_SHARE) -> Example:
-        """`family`'s fact (or, a `not_found_share` of the time, "not found"), its other subject, and
-        up to `most_others` facts of training families, in k chunks of real text. The draws keep the
+                        not_found_share: float = LOOKUP_NOT_FOUND_SHARE, near_subjects: int = 0) -> Example:
+        """`family`'s fact (or, a `not_found_share` of the time, "not found"), its other subject,
+        `near_subjects` facts of it about subjects sharing a word with the asked one, and up to
+        `most_others` facts of training families, in k chunks of real text. The draws keep the
         order the bundled model's lookup training made them in, so a seed keeps its stream."""
         r, sp = self.rng, self.split
         asked = relations.draw_fact(family, r)
@@ -332,6 +349,11 @@ class TaskSampler:
             other = relations.draw_fact(family, r)
         answerable = r.random() >= not_found_share
         facts = ([asked] if answerable else []) + [other]
+        taken = {asked.subject, other.subject}
+        for _ in range(near_subjects):
+            near = relations.near_subject(asked.subject, family.subject_kind, r, avoid=taken)
+            taken.add(near)
+            facts.append(relations.Fact(family, near, relations.value(family.value_kind, r)))
         if same_subject_family is not None:
             facts.append(relations.Fact(same_subject_family, asked.subject,
                                         relations.value(same_subject_family.value_kind, r)))

@@ -349,6 +349,23 @@ def test_near_lookups_put_facts_about_near_subjects_beside_the_asked_one_and_ask
     assert lists > 150 * LOOKUP_NEAR_LIST_SHARE * 0.6
 
 
+def test_lookup_facts_that_do_not_fit_a_chunk_are_left_out_but_never_the_asked_one(monkeypatch):
+    """Long values (a list of long names, say) in one chunk: the distractors that do not fit are
+    dropped; the asked fact, placed first, always stands in the chunk."""
+    from training import relations
+
+    _, layout, sampler = _real_text_sampler("lookup_near", seed=9)
+    long_value = " ".join(["Wenlock-Galloway"] * 8)  # about 40 tokens
+    monkeypatch.setattr(relations, "value", lambda kind, rng: long_value)
+    family = next(f for f in relations.split().train_families if f.is_list)
+    for _ in range(20):
+        ex = sampler._lookup_example(1, family, (family.question,), most_others=0, near_subjects=2)
+        assert len(ex.chunks) == 1 and len(ex.chunks[0]) <= 127
+        answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+        if answer != relations.NOT_FOUND:
+            assert answer in TOK.decode(ex.chunks[0])
+
+
 def test_text_denoising_restores_the_text_that_follows_its_chunk():
     corpus, layout, sampler = _real_text_sampler("text_denoising", seed=2)
     stream = corpus["text_paragraphs"]["tokens"].tolist()

@@ -359,10 +359,20 @@ class TaskSampler:
                                         relations.value(same_subject_family.value_kind, r)))
         facts += [relations.draw_fact(r.choice(sp.train_families), r) for _ in range(r.randint(0, most_others))]
         per_chunk: list[list[list[int]]] = [[] for _ in range(k)]
-        for i, fact in enumerate(facts):  # at most two facts in a chunk, so that they fit
+
+        def used(j: int) -> int:
+            return sum(len(needle) for needle in per_chunk[j])
+
+        for i, fact in enumerate(facts):  # at most two facts in a chunk where they can
+            needle = self.encode(" " + fact.sentence)
             slot = r.randrange(k) if i < k else i % k
-            per_chunk[slot if len(per_chunk[slot]) < 2 else per_chunk.index(min(per_chunk, key=len))].append(
-                self.encode(" " + fact.sentence))
+            if len(per_chunk[slot]) >= 2:
+                slot = per_chunk.index(min(per_chunk, key=len))
+            if used(slot) + len(needle) >= self.c - 1:  # more facts than fit (long lists, one chunk)
+                slot = min(range(k), key=used)
+                if used(slot) + len(needle) >= self.c - 1:
+                    continue  # the asked fact comes first and always fits: only a distractor is left out
+            per_chunk[slot].append(needle)
         chunks = [self._chunk_with(needles, "text") for needles in per_chunk]
         question = relations.frame(asked.question(r.choice(wordings)), r.choice(sp.train_framings))
         return Example(chunks, self.encode(question), self._answer(asked.value if answerable else relations.NOT_FOUND))

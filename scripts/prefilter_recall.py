@@ -22,7 +22,7 @@ from engine import DocumentKV  # noqa: E402
 from engine.method.chunking import chunk_tokens, token_breaks  # noqa: E402
 from engine.method.sentences import sentence_starts  # noqa: E402
 from tools import ruler  # noqa: E402
-from tools.evaluation import prefiltered  # noqa: E402
+from tools.evaluation import answer_chunks, prefiltered  # noqa: E402
 
 TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "niah_multiquery",
          "lookup_family", "lookup_paraphrase", "lookup_framing", "qa_1", "qa_2"]
@@ -41,12 +41,7 @@ def main() -> None:
             empty = torch.zeros(1, chunks.num_chunks, 1, 128, 1)  # no KV is needed, only the cut
             doc = DocumentKV(empty, empty, chunks.lengths, chunks.tokens, chunks.content_starts)
             texts = [c.text for c in chunk_records(doc, offsets, s.context, [])]
-            holding = set()
-            for out in s.outputs:
-                at = s.context.find(str(out))
-                tok_at = next((i for i, (_, b) in enumerate(offsets) if b > at), None) if at >= 0 else None
-                if tok_at is not None:
-                    holding.add(int(torch.searchsorted(doc.content_starts, tok_at, right=True)) - 1)
+            holding = answer_chunks(s, offsets, doc.content_starts)
             if holding:
                 for m in SIZES:
                     seen = set(prefiltered(doc, texts, s.question, m)[0])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from tokenizers import Tokenizer
 
 from app.defaults import BUNDLED_MODEL
@@ -170,6 +171,42 @@ def test_ruler_samples_follow_the_seed(tmp_path):
         contexts[name] = [s.context for s in ruler.load(tmp_path / name, ["niah_single_1"], [1024])]
     assert len(contexts["a"]) == 2 and contexts["a"] == contexts["b"]
     assert contexts["c"] != contexts["a"]
+
+
+def test_answer_spans_point_into_the_asked_fact_not_an_earlier_equal_value():
+    """A held-out lookup's value can also stand in another subject's fact (values come from small
+    pools): the answer's place is inside the asked fact's sentence, the needle."""
+    context = "The Velda stew is made with apples. Filler text here. The Morwen curry is made with apples."
+    plain = ruler.Sample("lookup_family", 4096, 0, context, "What is the Morwen curry made with?", ["apples"], None)
+    asked = dataclasses.replace(plain, needle="The Morwen curry is made with apples.")
+    assert plain.answer_spans() == [(28, 34)]
+    at = context.rindex("apples")
+    assert asked.answer_spans() == [(at, at + 6)]
+    with pytest.raises(ValueError, match="needle is not in its context"):
+        dataclasses.replace(plain, needle="The Tarn pie is made with apples.").answer_spans()
+
+
+def test_lookup_eval_files_name_the_asked_fact_and_load_with_it(tmp_path):
+    from tools import lookup
+
+    doc_root = tmp_path / "doc"
+    for i in range(6):
+        (doc_root / f"pkg{i}").mkdir(parents=True)
+        (doc_root / f"pkg{i}" / "copyright").write_text("\n\n".join(
+            f"Package {i} paragraph {j}: permission is hereby granted to use, copy and modify this software."
+            for j in range(12)))
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_MODEL / "tokenizer.json"))
+    lookup.generate(tmp_path / "data", hf_tok, ["lookup_family", "no_answer"], [1024], 6, seed=3, doc_root=doc_root)
+    samples = ruler.load(tmp_path / "data", ["lookup_family", "no_answer"], [1024])
+    assert len(samples) == 12
+    for s in samples:
+        if s.task == "no_answer":
+            assert s.needle == "" and s.outputs == ["not found"]
+        else:
+            assert s.needle in s.context and s.question
+            spans = s.answer_spans()
+            assert len(spans) == len(s.outputs) and all(s.context[a:b] in s.outputs for a, b in spans)
+            assert all(s.context.find(s.needle) <= a for a, _ in spans)
 
 
 def test_summary_and_heatmap(tmp_path):

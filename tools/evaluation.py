@@ -47,6 +47,17 @@ class EvalRow:
     setting: str = ""  # the row's label without the encoding (rows of one setting are compared across encodings)
 
 
+def answer_chunks(sample: ruler.Sample, offsets: list[tuple[int, int]], content_starts: torch.Tensor) -> set[int]:
+    """The chunks holding the sample's expected answer (`ruler.Sample.answer_spans`): for each span,
+    the chunk whose content holds its first token. `offsets`: each token's character span."""
+    out = set()
+    for at, _ in sample.answer_spans():
+        tok = next((i for i, (_, b) in enumerate(offsets) if b > at), None)
+        if tok is not None:
+            out.add(int(torch.searchsorted(content_starts, tok, right=True)) - 1)
+    return out
+
+
 def prefiltered(doc: DocumentKV, chunk_texts: list[str], question: str, m: int) -> tuple[list[int], list[float]]:
     """The chunks a question's scorer sees with a BM25 prefilter of M (app.prefilter), and their
     BM25 relevance in [0, 1], over an in-memory index of this one document: the app's rule without
@@ -80,13 +91,7 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
         exact = engine.prefill(ids, chunk_size, breaks=breaks)
         prefill_s = time.perf_counter() - start
         doc = exact
-        needle_chunks = set()
-        for out in s.outputs:
-            at = s.context.find(str(out))
-            if at >= 0:
-                tok = next((i for i, (_, b) in enumerate(offsets) if b > at), None)
-                if tok is not None:  # the chunk whose content holds that token
-                    needle_chunks.add(int(torch.searchsorted(doc.content_starts, tok, right=True)) - 1)
+        needle_chunks = answer_chunks(s, offsets, doc.content_starts)
         texts = [c.text for c in chunk_records(doc, offsets, s.context, [])]
         # Absolute positions place each chunk at its ordinal in the document: a subset would move
         # them, so (as the app does) they always score every chunk.

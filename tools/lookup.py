@@ -79,5 +79,5 @@ def generate(out_dir: Path, tokenizer, tasks: list[str], lengths: list[int], sam
                                           no_answer_share=1.0 if task == "no_answer" else 0.0)[0]
                 rows.append({"index": index, "input": f"{DOC_START}{sample.document}{DOC_END}\n{sample.question}",
                              "outputs": answer_items(sample.answer), "length": length, "family": sample.family,
-                             "wording": sample.wording, "framing": sample.framing})
+                             "wording": sample.wording, "framing": sample.framing, "needle": sample.fact})
             target.write_text("".join(json.dumps(r) + "\n" for r in rows))

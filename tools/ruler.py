@@ -9,6 +9,7 @@ question worded exactly as the bundled model was trained to read it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -60,6 +61,23 @@ class Sample:
     question: str
     outputs: list[str]
     depth: float | None  # where the (first) expected answer sits in the context, 0..1
+    # Where the answer stands, when an expected string can also stand elsewhere (a held-out lookup's
+    # asked fact: another subject's fact may hold the same value); "" = each output's first occurrence.
+    needle: str = ""
+
+    def answer_spans(self) -> list[tuple[int, int]]:
+        """Character spans of the context holding the expected outputs: each output inside the
+        needle where there is one, else its first occurrence; outputs not found are left out."""
+        base = self.context.find(self.needle) if self.needle else 0
+        if base < 0:
+            raise ValueError(f"{self.task} #{self.index}: its needle is not in its context")
+        spans = []
+        for out in self.outputs:
+            text = self.needle if self.needle else self.context
+            at = text.find(str(out))
+            if at >= 0:
+                spans.append((base + at, base + at + len(str(out))))
+        return spans
 
 
 def _package_dir() -> Path:
@@ -121,9 +139,11 @@ def load(data_dir: Path, tasks: list[str], lengths: list[int]) -> list[Sample]:
                 text = row["input"]
                 before, rest = text.split(DOC_START, 1)
                 context, question = rest.split(DOC_END, 1)
-                first = context.find(str(row["outputs"][0])) if row["outputs"] else -1
-                depth = first / max(len(context), 1) if first >= 0 else None
-                out.append(Sample(task, length, row["index"], context, question.strip(), row["outputs"], depth))
+                sample = Sample(task, length, row["index"], context, question.strip(), row["outputs"], None,
+                                row.get("needle", ""))
+                spans = sample.answer_spans()
+                depth = spans[0][0] / max(len(context), 1) if spans else None
+                out.append(dataclasses.replace(sample, depth=depth))
     return out
 
 

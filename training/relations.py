@@ -484,6 +484,10 @@ class LookupSample:
     framing: str
     depth: float  # where the asked fact sits, 0 (start) to 1 (end); -1 when not in the document
     held_out: str = ""  # what of it training never saw: "family", "paraphrase" or "framing"
+    # The asked fact's sentence ("" when it is not in the document): the answer's value may also
+    # stand in another subject's fact (values are drawn from small pools), so only this tells
+    # where the answer is.
+    fact: str = ""
 
 
 def place_facts(paragraphs: list[str], facts: list[Fact], depths: list[float]) -> str:
@@ -515,7 +519,8 @@ def lookup_sample(paragraphs: list[str], families_: list[Family], wordings: dict
     return LookupSample(document=place_facts(paragraphs, placed, depths),
                         question=frame(asked.question(wording_text), framing),
                         answer=asked.value if answerable else NOT_FOUND, family=family.id, wording=wording,
-                        framing=framing, depth=depths[0] if answerable else -1.0)
+                        framing=framing, depth=depths[0] if answerable else -1.0,
+                        fact=asked.sentence if answerable else "")
 
 
 def held_out_samples(paragraph_pool: list[list[str]], n: int, seed: int, no_answer_share: float = 0.0,

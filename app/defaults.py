@@ -41,6 +41,11 @@ class ModelDefaults:
     # The model copies its answers from the passages (a lookup reader): an answer that none of the
     # chosen passages contains is then flagged as possibly made up (app.grounding).
     extractive_answers: bool = False
+    # What the model answers when its passages lack the fact ("not found"); None: it has no such answer.
+    abstain_answer: str | None = None
+    # Also read each chosen chunk alone and answer with the one that alone does not abstain
+    # (engine.method.reading); needs abstain_answer.
+    read_chunks_alone: bool = False
 
 
 # What each default does, in a sentence a user reads (the Settings tab lists them with their values).
@@ -68,6 +73,9 @@ FIELD_HELP: dict[str, str] = {
     "bm25_weight": "Nats the best keyword match adds to its chunk's score before selection (0: the scorer alone).",
     "weak_score": "Below this best score (nats) the answer warns that the documents may not contain it.",
     "extractive_answers": "The model copies answers from the passages: an answer none of them contains is flagged.",
+    "abstain_answer": "What the model answers when the chosen passages do not hold the fact.",
+    "read_chunks_alone": "Also read each chosen passage alone; where exactly one of them alone holds an answer, "
+                         "that answer is given (and that passage cited first).",
 }
 
 
@@ -100,4 +108,5 @@ def answer_params(defaults: ModelDefaults, **overrides) -> AnswerParams:
         token_budget=d.token_budget, prior_weight=d.bm25_weight, kv_mode=d.kv_mode, position_mode=d.position_mode,
         scoring=ScoringParams(scorer=d.scorer, llada_folds=d.llada_folds),
         sampling=SamplingParams(decoder=d.decoder, threshold=d.threshold, gen_length=d.gen_length,
-                                block_length=d.block_length))
+                                block_length=d.block_length),
+        read_chunks_alone=d.read_chunks_alone, abstain_answer=d.abstain_answer)

@@ -186,7 +186,7 @@ class AskEvent:
 # The bundled model answers this when the documents do not hold the fact (training.relations.NOT_FOUND);
 # the app shows it as a warning, never as an answer.
 NOT_FOUND_ANSWER = "not found"
-ANSWER_MEMO = "answer-v3"  # {"document_ids": [...], "result": AskResult as JSON}
+ANSWER_MEMO = "answer-v4"  # {"document_ids": [...], "result": AskResult as JSON}
 
 
 def _utc_now() -> str:
@@ -679,7 +679,8 @@ class DocQA:
         # The anchors' rows follow the selection (document order); they are kept in the
         # citations' order (best first), so that row i is citation i wherever they are shown.
         anchor_rows = tr.anchors_decode.tolist() if tr.anchors_decode is not None else []
-        order = sorted(range(len(citations)), key=lambda i: -citations[i].score)
+        # The chunk that alone gave the answer (AnswerParams.read_chunks_alone) is its source: first.
+        order = sorted(range(len(citations)), key=lambda i: (i != tr.answered_from, -citations[i].score))
         citations = [citations[i] for i in order]
         anchors = [anchor_rows[i] for i in order] if len(anchor_rows) == len(order) else anchor_rows
         best = max(tr.selected_scores, default=float("-inf"))

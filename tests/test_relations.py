@@ -104,6 +104,7 @@ def test_held_out_samples_ask_only_held_out_wordings():
 
 
 def test_the_app_knows_the_not_found_answer():
+    from app.defaults import BUNDLED_MODEL, model_defaults
     from app.service import NOT_FOUND_ANSWER
 
-    assert NOT_FOUND_ANSWER == NOT_FOUND
+    assert NOT_FOUND_ANSWER == NOT_FOUND == model_defaults(BUNDLED_MODEL).abstain_answer

@@ -36,6 +36,8 @@ def _build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--kv-at-rest", nargs="+", choices=KV_ENCODINGS, default=[DEFAULT_KV_ENCODING],
                     help="KV file encodings to answer from (each the same prefill rounded as its files keep it); "
                          "with bf16 and another, the summary gives how often their answers agree")
+    ev.add_argument("--read-alone", choices=("model", "on", "off", "both"), default="model",
+                    help="also read each chosen chunk alone (the model's docqa.json by default; both: each row twice)")
     ev.add_argument("--device", default=None)
     ev.add_argument("--out", type=Path, default=Path("eval-out"))
 
@@ -146,7 +148,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     rows = evaluate(engine, samples, args.modes, model_defaults(args.model).chunk_size, args.dense_max_tokens,
                     progress=lambda line: print(line, file=sys.stderr, flush=True), rows_path=args.out / "rows.jsonl",
                     prefilters=tuple(args.prefilter), encodings=tuple(args.kv_at_rest),
-                    bm25_weights=tuple(args.bm25_weight) if args.bm25_weight else None)
+                    bm25_weights=tuple(args.bm25_weight) if args.bm25_weight else None,
+                    read_alone={"model": None, "on": (True,), "off": (False,), "both": (False, True)}[args.read_alone])
     write_reports(rows, args.out, {"model": str(args.model), "device": str(engine.device),
                                    "modes": args.modes, "lengths": args.lengths, "prefilter": args.prefilter,
                                    "kv_at_rest": args.kv_at_rest, "bm25_weight": args.bm25_weight})

@@ -73,7 +73,8 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
              dense_max_tokens: int, progress=print, rows_path: Path | None = None,
              prefilters: tuple[int, ...] = (PREFILTER_ALL,),
              encodings: tuple[str, ...] = (DEFAULT_KV_ENCODING,),
-             bm25_weights: tuple[float, ...] | None = None) -> list[EvalRow]:
+             bm25_weights: tuple[float, ...] | None = None,
+             read_alone: tuple[bool, ...] | None = None) -> list[EvalRow]:
     """Runs every sample in every mode; each row is also appended to `rows_path` (JSON lines) as
     soon as it is scored, so an interrupted evaluation keeps what it measured. `prefilters`: the
     BM25 prefilter sizes M to run the chunk-selecting modes with (0: every chunk scored); a row
@@ -81,9 +82,14 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
     (each the same prefill, rounded as its files keep it); with more than one, labels end in
     "/<encoding>" and `summarize` reports how often the answers agree. `bm25_weights`: the score
     fusion weights (app.defaults.ModelDefaults.bm25_weight) prefiltered rows run with (None: the
-    model's); a row with weight w > 0 is labelled "...+fuse<w>"."""
+    model's); a row with weight w > 0 is labelled "...+fuse<w>". `read_alone`: whether chunk-selecting
+    rows also read each chosen chunk alone (AnswerParams.read_chunks_alone; None: the model's); a
+    row with it is labelled "...+alone"."""
     defaults = model_defaults(engine.path)
     weights = bm25_weights if bm25_weights is not None else (defaults.bm25_weight,)
+    alone_settings = read_alone if read_alone is not None else (defaults.read_chunks_alone,)
+    if any(alone_settings) and not defaults.abstain_answer:
+        raise ValueError("reading chunks alone needs the model's abstain_answer (its docqa.json)")
     rows = []
     for s in samples:
         start = time.perf_counter()
@@ -97,18 +103,20 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
         # them, so (as the app does) they always score every chunk.
         absolute = defaults.position_mode == "absolute"
         selecting = CACHED_KV_MODES if not absolute else ()
-        runs = [(enc, mode, m, w) for enc in encodings for mode in modes
+        runs = [(enc, mode, m, w, a) for enc in encodings for mode in modes
                 for m in (prefilters if mode in selecting else (PREFILTER_ALL,))
                 for w in (weights if m else weights[:1])
+                for a in (alone_settings if mode == "static" else (False,))
                 if mode in CACHED_KV_MODES or enc == encodings[0]]  # the others do not read the KV
-        for enc, mode, m, w in runs:
+        for enc, mode, m, w, alone in runs:
             if mode == "dense" and len(offsets) > dense_max_tokens:
                 continue
             doc = at_stored_precision(exact, enc)
             t = time.perf_counter()
             candidates, priors = prefiltered(doc, texts, s.question, m)
             given = doc if len(candidates) == doc.num_chunks else take_chunks(doc, candidates)
-            result = engine.answer(given, s.question, answer_params(defaults, kv_mode=mode, bm25_weight=w),
+            result = engine.answer(given, s.question, answer_params(defaults, kv_mode=mode, bm25_weight=w,
+                                                                    read_chunks_alone=alone),
                                    chunk_priors=[priors])
             seconds = time.perf_counter() - t + prefill_s * (mode in CACHED_KV_MODES)
             chosen = {candidates[r.chunk] for r in result.trace.selected}
@@ -116,7 +124,7 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
             selected = bool(needle_chunks & chosen) if scored else None
             recall = len(needle_chunks & chosen) / len(needle_chunks) if scored else None
             seen = len(needle_chunks & set(candidates)) / len(needle_chunks) if scored else None
-            setting = (f"{mode}+bm25@{m}" + (f"+fuse{w:g}" if w else "")) if m else mode
+            setting = ((f"{mode}+bm25@{m}" + (f"+fuse{w:g}" if w else "")) if m else mode) + ("+alone" if alone else "")
             label = f"{setting}/{enc}" if len(encodings) > 1 and mode in CACHED_KV_MODES else setting
             row = EvalRow(s.task, s.length, s.index, label, ruler.score(s.task, result.text, s.outputs),
                           result.text, [str(o) for o in s.outputs], s.depth, selected, seconds, recall,

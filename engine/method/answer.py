@@ -12,6 +12,7 @@ scheduler runs several questions' phases together in between (`draft_answers`, `
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from engine.method.chunk_scorer import (
 )
 from engine.method.kv_cache import POSITION_MODES, DocumentKV, chunk_deltas, gather_kept_tokens
 from engine.method.prompting import DEFAULT_INSTRUCTION, QuestionPrompt, build_question_prompt
+from engine.method.reading import choose_lone_reading
 from engine.method.scoring import (
     LIKELIHOOD_SCORERS,
     auto_top_k,
@@ -94,6 +96,12 @@ class AnswerParams:
     # and concatenated (the reference route); "auto" = paged wherever it runs natively (CUDA with
     # Triton, one document already on the GPU, no re-selection), else contiguous.
     static_layout: str = "auto"
+    # Also read each selected chunk alone (when more than one is selected) and answer with the one
+    # lone reading that does not abstain, where there is exactly one (engine.method.reading): for
+    # small extractive readers, which read one passage better than several. `abstain_answer` is
+    # what the model answers when its passages lack the fact ("not found" for the bundled model).
+    read_chunks_alone: bool = False
+    abstain_answer: str | None = None
 
     def __post_init__(self) -> None:
         if self.kv_mode not in KV_MODES:
@@ -118,6 +126,9 @@ class AnswerParams:
                                  f"not {self.scoring.scorer!r}")
         if self.static_layout not in STATIC_LAYOUTS:
             raise ValueError(f"unknown static_layout {self.static_layout!r}; choose from {', '.join(STATIC_LAYOUTS)}")
+        if self.read_chunks_alone and not self.abstain_answer:
+            raise ValueError("read_chunks_alone needs the model's abstain_answer (what it says when a passage "
+                             "lacks the fact)")
 
 
 @dataclass(frozen=True)
@@ -144,6 +155,10 @@ class AnswerTrace:
     # selection ranked scores + prior_weight x priors.
     priors: list[float] = field(default_factory=list)
     static_layout: str = "contiguous"  # how static decoding read its context (see AnswerParams)
+    # With AnswerParams.read_chunks_alone: each selected chunk's answer read alone (selected order),
+    # and the index of the one answered with, or None where the joint reading stands.
+    lone_answers: list[str] = field(default_factory=list)
+    answered_from: int | None = None
 
 
 @dataclass
@@ -353,14 +368,26 @@ class PreparedAnswer:
     trace: AnswerTrace
     clock: _Clock
     decode_start: float  # perf_counter when decoding starts
+    # Each selected chunk's answer read alone, (text, ids) in selected order: run when the joint
+    # answer is settled (AnswerParams.read_chunks_alone); None: the joint answer stands.
+    lone_readings: Callable[[object], list[tuple[str, list[int]]]] | None = None  # takes the tokenizer
+    abstain_answer: str = ""
 
     def result(self, outcome: DecodeOutcome, tokenizer) -> AnswerResult:
-        """The AnswerResult of a finished decode (the trace's step counts and timing filled in)."""
-        self.clock.lap("decode", self.decode_start)
+        """The AnswerResult of a finished decode (the trace's step counts and timing filled in),
+        checked against each chunk read alone where the params ask for it."""
+        t = self.clock.lap("decode", self.decode_start)
         self.trace.steps, self.trace.forward_passes = outcome.steps, outcome.forward_passes
         text = tokenizer.decode(outcome.answer_ids, skip_special_tokens=True).strip() if tokenizer is not None else ""
-        return AnswerResult(text=text, answer_ids=outcome.answer_ids, trace=self.trace,
-                            stopped_early=outcome.stopped_early)
+        ids = outcome.answer_ids
+        if self.lone_readings is not None and tokenizer is not None:
+            alone = self.lone_readings(tokenizer)
+            self.trace.lone_answers = [lone_text for lone_text, _ in alone]
+            self.trace.answered_from = choose_lone_reading(text, self.trace.lone_answers, self.abstain_answer)
+            if self.trace.answered_from is not None:
+                text, ids = alone[self.trace.answered_from]
+            self.clock.lap("lone_readings", t)
+        return AnswerResult(text=text, answer_ids=ids, trace=self.trace, stopped_early=outcome.stopped_early)
 
 
 @dataclass
@@ -473,7 +500,34 @@ def start_answer(runner: Runner, documents: Sequence[DocumentKV], chosen: Chosen
     t = clock.lap("kv_build", t)
     if built is not None:
         clock.timings["kv_build"] += built.seconds
-    return PreparedAnswer(decoder, params.sampling, chosen.generator, chosen.trace, clock, t)
+    lone = None
+    if params.read_chunks_alone and params.kv_mode == "static" and len(chosen.refs) > 1:
+        lone = functools.partial(read_chunks_alone, runner, documents, chosen, params)
+    return PreparedAnswer(decoder, params.sampling, chosen.generator, chosen.trace, clock, t, lone,
+                          params.abstain_answer or "")
+
+
+def read_chunks_alone(runner: Runner, documents: Sequence[DocumentKV], chosen: ChosenChunks,
+                      params: AnswerParams, tokenizer=None) -> list[tuple[str, list[int]]]:
+    """Each selected chunk read alone: the answer decoded over the static context of that chunk
+    (placed first) and the question, as (text, ids), in selected order. Contiguous layout, no
+    re-selection, the sampler seeded as the joint answer's."""
+    alone = dataclasses.replace(params, static_layout="contiguous", reselect_every=0)
+    out = []
+    for ref in chosen.refs:
+        scratch = dataclasses.replace(chosen.trace, reselections=[])  # answer_decoder fills its kept tokens
+        decoder = answer_decoder(runner, documents, chosen.prompt, chosen.rows, [ref], alone, scratch)
+        generator = torch.Generator(device=runner.device).manual_seed(params.sampling.seed)
+        steps = run_blocks(decoder, runner.cfg, params.sampling, generator, runner.device)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                ids = done.value.answer_ids
+                break
+        text = tokenizer.decode(ids, skip_special_tokens=True).strip() if tokenizer is not None else ""
+        out.append((text, ids))
+    return out
 
 
 @torch.inference_mode()

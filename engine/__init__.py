@@ -2,13 +2,21 @@
 
 from engine.decode.sampling import DECODERS, SamplingParams
 from engine.engine import Engine, GenerationResult
-from engine.method.answer import CACHED_KV_MODES, KV_MODES, AnswerParams, AnswerResult, AnswerTrace, ChunkRef
+from engine.method.answer import (
+    CACHED_KV_MODES,
+    KV_MODES,
+    AnswerParams,
+    AnswerResult,
+    AnswerTrace,
+    ChunkRef,
+    JointAnswer,
+)
 from engine.method.chunk_scorer import ScoringParams
 from engine.method.kv_cache import DocumentKV
 from engine.model.config import KNOWN_CONFIGS, ConfigError, ModelConfig
 
 __all__ = [
     "CACHED_KV_MODES", "DECODERS", "KNOWN_CONFIGS", "KV_MODES", "AnswerParams", "AnswerResult", "AnswerTrace",
-    "ChunkRef", "ConfigError", "DocumentKV", "Engine", "GenerationResult", "ModelConfig", "SamplingParams",
-    "ScoringParams",
+    "ChunkRef", "ConfigError", "DocumentKV", "Engine", "GenerationResult", "JointAnswer", "ModelConfig",
+    "SamplingParams", "ScoringParams",
 ]

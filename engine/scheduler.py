@@ -11,8 +11,10 @@ LogitsRequest from every question being decoded, answers the StaticDecoders' tog
 batched forward (`StaticBatch`: each row over its own chunks and answer; a captured CUDA graph per
 batch size) and any other decoder alone, and hands each question its DecodeStep. A question joins
 between steps, once prepared, and leaves when its answer is settled, so short answers never wait
-for long ones. Greedy answers are the same tokens as the question alone gives
-(tests/test_scheduler.py), up to the floating-point order of a batched matmul.
+for long ones; a question that reads its chunks alone after (AnswerParams.reads_chunks_alone)
+posts its JointAnswer and stays in the batch for the lone readings' steps. Greedy answers are
+the same tokens as the question alone gives (tests/test_scheduler.py), up to the floating-point
+order of a batched matmul.
 
 The paged GPU layout shares one set of buffers (`engine.decode.paged`) and steps alone, so only a
 question prepared while no other is decoding or waiting takes it; the others take the contiguous
@@ -37,7 +39,7 @@ from typing import TypeVar
 
 import torch
 
-from engine.decode.loop import DecodeStep, LogitsRequest, decode_blocks
+from engine.decode.loop import DecodeStep, LogitsRequest
 from engine.decode.paged import PagedStaticDecoder, release_pages
 from engine.decode.static import StaticBatch
 from engine.method.answer import (
@@ -48,6 +50,7 @@ from engine.method.answer import (
     ChosenChunks,
     ChunkScores,
     DraftedQuestion,
+    JointAnswer,
     PreparedAnswer,
     choose_chunks,
     draft_answers,
@@ -112,8 +115,9 @@ Documents = Sequence[DocumentKV] | Callable[[], Sequence[DocumentKV]]
 
 @dataclass
 class QuestionHandle:
-    """One submitted question: iterate it for its DecodeSteps, then its AnswerResult. An error of
-    the question (its `interrupt_check` raising included) is raised from the iteration."""
+    """One submitted question: iterate it for its DecodeSteps, its JointAnswer where it reads its
+    chunks alone, then its AnswerResult. An error of the question (its `interrupt_check` raising
+    included) is raised from the iteration."""
 
     _events: queue.Queue = field(default_factory=queue.Queue)
     _cancelled: threading.Event = field(default_factory=threading.Event)
@@ -122,11 +126,11 @@ class QuestionHandle:
         """Stops the question at its next step (or before it starts); the model is freed of it."""
         self._cancelled.set()
 
-    def __iter__(self) -> Iterator[DecodeStep | AnswerResult]:
+    def __iter__(self) -> Iterator[DecodeStep | JointAnswer | AnswerResult]:
         return self.events()
 
     def events(self, check: Callable[[], None] | None = None, every_s: float = 0.25
-               ) -> Iterator[DecodeStep | AnswerResult]:
+               ) -> Iterator[DecodeStep | JointAnswer | AnswerResult]:
         """The question's events; `check` (the asker's: cancelled? past its budget?) is called every
         `every_s` while none arrives, so a question still waiting for its place can be stopped,
         and what it raises ends the question."""
@@ -160,7 +164,7 @@ class _Submitted:
 class _Active:
     submitted: _Submitted
     prepared: PreparedAnswer
-    loop: object  # the decode_blocks generator
+    loop: object  # the PreparedAnswer.steps generator
     request: LogitsRequest | None = None
 
 
@@ -415,18 +419,17 @@ class AnswerScheduler:
 
     def _start(self, submitted: _Submitted, prepared: PreparedAnswer) -> None:
         """The prepared question joins the questions being decoded."""
-        loop = decode_blocks(prepared.decoder, self.runner.cfg, prepared.sampling, prepared.generator,
-                             self.runner.device)
-        self._active.append(_Active(submitted, prepared, loop))
+        self._active.append(_Active(submitted, prepared, prepared.steps(self.runner, self.tokenizer)))
 
-    def _advance(self, active: _Active, reply: torch.Tensor | None) -> bool:
-        """Runs the question's loop to its next LogitsRequest, posting its steps; False once done."""
+    def _advance(self, active: _Active, reply: torch.Tensor | BaseException | None) -> bool:
+        """Runs the question's loop to its next LogitsRequest, posting its other events (steps, the
+        joint answer); False once done. An error as the reply is thrown into the loop: it ends the
+        question there, or only its lone readings (`PreparedAnswer.steps`)."""
         while True:
             try:
-                item = active.loop.send(reply)
+                item = active.loop.throw(reply) if isinstance(reply, BaseException) else active.loop.send(reply)
             except StopIteration as done:
-                result = active.prepared.result(done.value, self.tokenizer)
-                self._end(active, None, result)
+                self._end(active, None, done.value)
                 return False
             reply = None
             if isinstance(item, LogitsRequest):
@@ -480,9 +483,6 @@ class AnswerScheduler:
             except BaseException as exc:  # noqa: BLE001
                 replies.append((a, exc))
         for active, reply in replies:
-            if isinstance(reply, BaseException):
-                self._end(active, reply)
-                continue
             active.request = None
             try:
                 self._advance(active, reply)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
-from engine import AnswerParams, SamplingParams
+from engine import AnswerParams, JointAnswer, SamplingParams
+from engine.decode.loop import LogitsRequest
+from engine.method.answer import prepare_answer
 from engine.method.kv_cache import take_chunks
-from engine.method.reading import abstains, choose_lone_reading
+from engine.method.reading import abstains, choose_lone_reading, lone_readings_settled
 from engine.scheduler import AnswerScheduler
 from tests.tiny_inputs import doc_ids
 
@@ -26,9 +29,17 @@ def test_abstaining_ignores_case_spacing_and_a_full_stop():
     ("1, 2", ["1", "2"], None),  # values spread over chunks: the joint reading stands
     ("blue", ["not found", "not found."], None),  # no chunk alone answers: the joint reading stands
     ("not found", ["Not found", "not found"], None),
+    ("Ada Lovelace", ["not found", "Ada"], None),  # a name the joint reading gave in full
+    ("10", ["1", "not found"], 0),  # compared word by word: "1" is not a part of "10"
 ])
 def test_the_one_lone_reading_that_answers_is_taken(joint, alone, chosen):
     assert choose_lone_reading(joint, alone, "not found") == chosen
+
+
+def test_two_answering_lone_readings_settle_the_choice():
+    assert not lone_readings_settled(["not found", "59"], "not found")
+    assert lone_readings_settled(["59", "not found", "60"], "not found")
+    assert choose_lone_reading("59", ["59", "not found", "60", "not found"], "not found") is None
 
 
 def test_reading_alone_needs_the_abstain_answer():
@@ -37,10 +48,10 @@ def test_reading_alone_needs_the_abstain_answer():
     AnswerParams(read_chunks_alone=True, abstain_answer="not found")
 
 
-def _ask(engine):
+def _ask(engine, top_k=2):
     doc = engine.prefill(doc_ids(70, 200, seed=8), chunk_size=16)
     sampling = SamplingParams(gen_length=8, block_length=8, stop_at_eos=False)
-    return doc, "What is the code?", AnswerParams(top_k=2, sampling=sampling, read_chunks_alone=True,
+    return doc, "What is the code?", AnswerParams(top_k=top_k, sampling=sampling, read_chunks_alone=True,
                                                   abstain_answer="(none)")
 
 
@@ -64,15 +75,113 @@ def test_each_lone_reading_is_the_answer_over_that_chunk_alone_and_one_is_taken(
     assert again.text == lone[1] != first.text
 
 
-def test_a_scheduled_question_reads_its_chunks_alone_as_one_asked_alone(engines):
+def test_reading_stops_once_two_chunks_answer_alone(engines):
+    """With every lone reading answering (the random model never says "(none)"), the third of three
+    chunks is not read: it could not change the choice."""
+    engine = engines["dream"]
+    doc, question, params = _ask(engine, top_k=3)
+    result = engine.answer(doc, question, params)
+    assert len(result.trace.selected) == 3 and len(result.trace.lone_answers) == 2
+    assert result.trace.answered_from is None
+
+
+def test_lone_readings_hold_a_copy_of_their_chunks_not_the_documents(engines):
     engine = engines["llada"]
     doc, question, params = _ask(engine)
-    alone = engine.answer(doc, question, params)
+    prepared = prepare_answer(engine.runner, engine.tokenizer, [doc], question, params)
+    assert len(prepared.lone.chunks) == 2
+    for chunk in prepared.lone.chunks:
+        assert chunk.num_chunks == 1
+        assert chunk.keys.untyped_storage().nbytes() == chunk.keys.numel() * chunk.keys.element_size()
+
+
+def _drive(engine, prepared, fail_lone_reading=False):
+    """Runs a prepared question's loop as a driver does, answering each LogitsRequest from its
+    decoder; with `fail_lone_reading`, the first request after the joint answer gets an error."""
+    loop = prepared.steps(engine.runner, engine.tokenizer)
+    reply, joint = None, None
+    with torch.inference_mode():
+        while True:
+            try:
+                item = loop.throw(reply) if isinstance(reply, BaseException) else loop.send(reply)
+            except StopIteration as done:
+                return joint, done.value
+            reply = None
+            if isinstance(item, JointAnswer):
+                joint = item.result
+            elif isinstance(item, LogitsRequest):
+                if joint is not None and fail_lone_reading:
+                    reply = RuntimeError("out of memory in a lone reading")
+                else:
+                    reply = item.decoder.slot_logits(item.block, item.answer, item.slots)
+
+
+def test_a_failed_lone_reading_leaves_the_joint_answer(engines):
+    engine = engines["dream"]
+    doc, question, params = _ask(engine)
+    expected = engine.answer(doc, question, dataclasses.replace(params, read_chunks_alone=False))
+    joint, result = _drive(engine, prepare_answer(engine.runner, engine.tokenizer, [doc], question, params),
+                           fail_lone_reading=True)
+    assert joint.text == result.text == expected.text and result.answer_ids == expected.answer_ids
+    assert result.trace.lone_answers == [] and result.trace.answered_from is None
+    # Driven to the end, the same loop gives what answer() gives.
+    joint, result = _drive(engine, prepare_answer(engine.runner, engine.tokenizer, [doc], question, params))
+    assert joint.text == expected.text and result.text == engine.answer(doc, question, params).text
+
+
+def test_scheduled_questions_read_their_chunks_alone_as_each_asked_alone(engines):
+    """Two questions in one batch, one answered from its second chunk alone (its abstain answer is
+    its first chunk's lone reading): each as when asked alone."""
+    engine = engines["llada"]
+    doc, question, params = _ask(engine)
+    plain = engine.answer(doc, question, params)
+    from_second = dataclasses.replace(params, abstain_answer=plain.trace.lone_answers[0])
+    expected = [plain, engine.answer(doc, question, from_second)]
+    assert expected[1].trace.answered_from == 1
     scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=4)
     try:
-        result = list(scheduler.submit([doc], question, params))[-1]
+        with scheduler.turn():  # held while they arrive, so they are admitted together
+            handles = [scheduler.submit([doc], question, p) for p in (params, from_second)]
+        events = [list(h) for h in handles]
     finally:
         scheduler.close()
-    assert result.text == alone.text and result.answer_ids == alone.answer_ids
-    assert result.trace.lone_answers == alone.trace.lone_answers
-    assert result.trace.answered_from == alone.trace.answered_from
+    assert max(scheduler.batch_sizes) == 2  # the two stepped together
+    for got, want in zip(events, expected, strict=True):
+        joint, result = [e for e in got if isinstance(e, JointAnswer)], got[-1]
+        assert len(joint) == 1 and joint[0].result.text == plain.text  # the same joint reading
+        assert result.text == want.text and result.answer_ids == want.answer_ids
+        assert result.trace.lone_answers == want.trace.lone_answers
+        assert result.trace.answered_from == want.trace.answered_from
+
+
+@pytest.mark.gpu
+def test_scheduled_lone_readings_equal_the_questions_alone_on_the_gpu(dream_dir):
+    """On CUDA (the joint answer alone decodes paged, the lone readings contiguous; in the batch all
+    contiguous, over captured graphs), fp32 so that greedy choices cannot flip on rounding: four
+    questions, two of them answered from a chunk alone, as when each is asked alone."""
+    from engine import Engine
+
+    engine = Engine.from_pretrained(dream_dir, device="cuda", dtype=torch.float32)
+    docs = [engine.prefill(doc_ids(37 + 23 * i, 300, seed=10 + i), chunk_size=16) for i in range(4)]
+    sampling = SamplingParams(gen_length=8, block_length=8, stop_at_eos=False)
+    params = AnswerParams(top_k=3, sampling=sampling, read_chunks_alone=True, abstain_answer="(none)")
+    questions = [f"Question {i}: what is the code of pier {i}?" for i in range(4)]
+    asks = []
+    for i, (doc, q) in enumerate(zip(docs, questions, strict=True)):
+        p = params
+        if i % 2:  # its first lone reading as the abstain answer: the second chunk alone answers
+            p = dataclasses.replace(params, abstain_answer=engine.answer(doc, q, params).trace.lone_answers[0])
+        asks.append((doc, q, p))
+    alone = [engine.answer(doc, q, p) for doc, q, p in asks]
+    assert all(a.trace.lone_answers for a in alone)  # (answered from one: where its lone readings differ)
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=8)
+    try:
+        with scheduler.turn():
+            handles = [scheduler.submit([doc], q, p) for doc, q, p in asks]
+        results = [list(h)[-1] for h in handles]
+        assert max(scheduler.batch_sizes) > 1
+    finally:
+        scheduler.close()
+    for a, b in zip(alone, results, strict=True):
+        assert (b.text, b.answer_ids, b.trace.lone_answers, b.trace.answered_from) == \
+            (a.text, a.answer_ids, a.trace.lone_answers, a.trace.answered_from)

@@ -12,15 +12,15 @@ scheduler runs several questions' phases together in between (`draft_answers`, `
 from __future__ import annotations
 
 import dataclasses
-import functools
+import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.decode.baselines import DenseDecoder, FastDLLMDecoder
-from engine.decode.loop import DecodeOutcome, DecodeStep, run_blocks
+from engine.decode.loop import DecodeStep, LogitsRequest, decode_blocks
 from engine.decode.paged import PagedStaticDecoder, paged_decoder, release_pages
 from engine.decode.sampling import SamplingParams
 from engine.decode.static import (
@@ -45,9 +45,9 @@ from engine.method.chunk_scorer import (
     score_documents_together,
     scoring_rows,
 )
-from engine.method.kv_cache import POSITION_MODES, DocumentKV, chunk_deltas, gather_kept_tokens
+from engine.method.kv_cache import POSITION_MODES, DocumentKV, chunk_deltas, gather_kept_tokens, take_chunks
 from engine.method.prompting import DEFAULT_INSTRUCTION, QuestionPrompt, build_question_prompt
-from engine.method.reading import choose_lone_reading
+from engine.method.reading import choose_lone_reading, lone_readings_settled
 from engine.method.scoring import (
     LIKELIHOOD_SCORERS,
     auto_top_k,
@@ -58,6 +58,8 @@ from engine.method.scoring import (
     select_within_margin,
 )
 from engine.runner import Runner
+
+logger = logging.getLogger(__name__)
 
 # The modes that read the documents' cached chunk KV (and so score and select chunks), then the
 # baselines that run over the whole text with no chunking.
@@ -96,10 +98,11 @@ class AnswerParams:
     # and concatenated (the reference route); "auto" = paged wherever it runs natively (CUDA with
     # Triton, one document already on the GPU, no re-selection), else contiguous.
     static_layout: str = "auto"
-    # Also read each selected chunk alone (when more than one is selected) and answer with the one
-    # lone reading that does not abstain, where there is exactly one (engine.method.reading): for
-    # small extractive readers, which read one passage better than several. `abstain_answer` is
-    # what the model answers when its passages lack the fact ("not found" for the bundled model).
+    # Also read each selected chunk alone (static mode without re-selection, when more than one is
+    # selected: `reads_chunks_alone`) and answer with the one lone reading that does not abstain,
+    # where there is exactly one (engine.method.reading): for small extractive readers, which read
+    # one passage better than several. `abstain_answer` is what the model answers when its passages
+    # lack the fact ("not found" for the bundled model).
     read_chunks_alone: bool = False
     abstain_answer: str | None = None
 
@@ -130,6 +133,12 @@ class AnswerParams:
             raise ValueError("read_chunks_alone needs the model's abstain_answer (what it says when a passage "
                              "lacks the fact)")
 
+    @property
+    def reads_chunks_alone(self) -> bool:
+        """Whether a question that selects more than one chunk also reads each alone: asked for,
+        and in static mode without re-selection (the chunks read are then the answer's)."""
+        return self.read_chunks_alone and self.kv_mode == "static" and self.reselect_every == 0
+
 
 @dataclass(frozen=True)
 class ChunkRef:
@@ -155,8 +164,9 @@ class AnswerTrace:
     # selection ranked scores + prior_weight x priors.
     priors: list[float] = field(default_factory=list)
     static_layout: str = "contiguous"  # how static decoding read its context (see AnswerParams)
-    # With AnswerParams.read_chunks_alone: each selected chunk's answer read alone (selected order),
-    # and the index of the one answered with, or None where the joint reading stands.
+    # With AnswerParams.reads_chunks_alone: the selected chunks' answers read alone, in selected
+    # order, up to the second that does not abstain (the rest cannot change the choice); and the
+    # index of the one answered with, or None where the joint reading stands.
     lone_answers: list[str] = field(default_factory=list)
     answered_from: int | None = None
 
@@ -167,6 +177,15 @@ class AnswerResult:
     answer_ids: list[int]
     trace: AnswerTrace
     stopped_early: bool = False
+
+
+@dataclass(frozen=True)
+class JointAnswer:
+    """A question's answer over all its selected chunks, settled; each chunk is read alone next
+    (AnswerParams.reads_chunks_alone), which may replace it. Whoever waits on the question can give
+    this answer where the lone readings do not finish (a time budget)."""
+
+    result: AnswerResult
 
 
 @dataclass
@@ -359,6 +378,49 @@ def _dense_prompt(prompt: QuestionPrompt, documents: Sequence[DocumentKV], bos_i
 
 
 @dataclass
+class LoneReadings:
+    """Each selected chunk read alone: the answer decoded over that chunk's static context and the
+    question (the chunk placed first, contiguous layout, the sampler seeded as the joint answer's).
+    Holds a copy of just the selected chunks' KV, not their documents, while the question decodes."""
+
+    chunks: list[DocumentKV]  # per selected chunk (selected order), a document of that one chunk
+    prompt: QuestionPrompt
+    rows: ScoringRows
+    params: AnswerParams
+
+    @classmethod
+    def of(cls, documents: Sequence[DocumentKV], chosen: ChosenChunks, params: AnswerParams) -> LoneReadings:
+        return cls([take_chunks(documents[r.document], [r.chunk]) for r in chosen.refs], chosen.prompt,
+                   chosen.rows, dataclasses.replace(params, static_layout="contiguous", reselect_every=0))
+
+    def read(self, runner: Runner, tokenizer, trace: AnswerTrace
+             ) -> Generator[LogitsRequest, torch.Tensor, list[tuple[str, list[int]]]]:
+        """Decodes the chunks alone in selected order, yielding each step's LogitsRequest (the
+        caller answers it, alone or batched), until the readings settle the choice
+        (`lone_readings_settled`); returns the readings, (text, ids) each."""
+        readings: list[tuple[str, list[int]]] = []
+        abstain = self.params.abstain_answer or ""
+        for chunk in self.chunks:
+            if lone_readings_settled([text for text, _ in readings], abstain):
+                break
+            scratch = dataclasses.replace(trace, reselections=[])  # answer_decoder fills its kept tokens
+            decoder = answer_decoder(runner, [chunk], self.prompt, self.rows, [ChunkRef(0, 0)], self.params, scratch)
+            generator = torch.Generator(device=runner.device).manual_seed(self.params.sampling.seed)
+            loop = decode_blocks(decoder, runner.cfg, self.params.sampling, generator, runner.device)
+            reply = None
+            while True:
+                try:
+                    item = loop.send(reply)
+                except StopIteration as done:
+                    ids = done.value.answer_ids
+                    break
+                # Its DecodeSteps are not the answer's: only the requests go out.
+                reply = (yield item) if isinstance(item, LogitsRequest) else None
+            readings.append((tokenizer.decode(ids, skip_special_tokens=True).strip(), ids))
+        return readings
+
+
+@dataclass
 class PreparedAnswer:
     """A question with its chunks chosen and its context built, ready for its decode steps."""
 
@@ -368,26 +430,38 @@ class PreparedAnswer:
     trace: AnswerTrace
     clock: _Clock
     decode_start: float  # perf_counter when decoding starts
-    # Each selected chunk's answer read alone, (text, ids) in selected order: run when the joint
-    # answer is settled (AnswerParams.read_chunks_alone); None: the joint answer stands.
-    lone_readings: Callable[[object], list[tuple[str, list[int]]]] | None = None  # takes the tokenizer
-    abstain_answer: str = ""
+    lone: LoneReadings | None = None  # each chunk read alone once the joint answer is settled
 
-    def result(self, outcome: DecodeOutcome, tokenizer) -> AnswerResult:
-        """The AnswerResult of a finished decode (the trace's step counts and timing filled in),
-        checked against each chunk read alone where the params ask for it."""
+    def steps(self, runner: Runner, tokenizer
+              ) -> Generator[LogitsRequest | DecodeStep | JointAnswer, torch.Tensor | None, AnswerResult]:
+        """The question's decoding as a loop its driver answers (as `decode_blocks`): a
+        LogitsRequest before each step, the DecodeStep after it, then, where chunks are read
+        alone, the JointAnswer and the lone readings' LogitsRequests; returns the AnswerResult.
+
+        An error the driver throws in, or one of the lone readings' own, ends them: the joint
+        answer stands (logged). Drivers stop the question (cancelled, past a budget) from outside."""
+        outcome = yield from decode_blocks(self.decoder, runner.cfg, self.sampling, self.generator, runner.device)
         t = self.clock.lap("decode", self.decode_start)
         self.trace.steps, self.trace.forward_passes = outcome.steps, outcome.forward_passes
         text = tokenizer.decode(outcome.answer_ids, skip_special_tokens=True).strip() if tokenizer is not None else ""
-        ids = outcome.answer_ids
-        if self.lone_readings is not None and tokenizer is not None:
-            alone = self.lone_readings(tokenizer)
-            self.trace.lone_answers = [lone_text for lone_text, _ in alone]
-            self.trace.answered_from = choose_lone_reading(text, self.trace.lone_answers, self.abstain_answer)
-            if self.trace.answered_from is not None:
-                text, ids = alone[self.trace.answered_from]
+        result = AnswerResult(text=text, answer_ids=outcome.answer_ids, trace=self.trace,
+                              stopped_early=outcome.stopped_early)
+        if self.lone is None or tokenizer is None:
+            return result
+        yield JointAnswer(dataclasses.replace(result, trace=dataclasses.replace(self.trace)))
+        try:
+            readings = yield from self.lone.read(runner, tokenizer, self.trace)
+        except Exception:  # noqa: BLE001 - a check that failed leaves the answer it checked
+            logger.warning("reading the chosen chunks alone failed; the answer over all of them stands",
+                           exc_info=True)
+            return result
+        finally:
             self.clock.lap("lone_readings", t)
-        return AnswerResult(text=text, answer_ids=ids, trace=self.trace, stopped_early=outcome.stopped_early)
+        self.trace.lone_answers = [lone_text for lone_text, _ in readings]
+        self.trace.answered_from = choose_lone_reading(text, self.trace.lone_answers, self.lone.params.abstain_answer)
+        if self.trace.answered_from is not None:
+            result.text, result.answer_ids = readings[self.trace.answered_from]
+        return result
 
 
 @dataclass
@@ -500,34 +574,8 @@ def start_answer(runner: Runner, documents: Sequence[DocumentKV], chosen: Chosen
     t = clock.lap("kv_build", t)
     if built is not None:
         clock.timings["kv_build"] += built.seconds
-    lone = None
-    if params.read_chunks_alone and params.kv_mode == "static" and len(chosen.refs) > 1:
-        lone = functools.partial(read_chunks_alone, runner, documents, chosen, params)
-    return PreparedAnswer(decoder, params.sampling, chosen.generator, chosen.trace, clock, t, lone,
-                          params.abstain_answer or "")
-
-
-def read_chunks_alone(runner: Runner, documents: Sequence[DocumentKV], chosen: ChosenChunks,
-                      params: AnswerParams, tokenizer=None) -> list[tuple[str, list[int]]]:
-    """Each selected chunk read alone: the answer decoded over the static context of that chunk
-    (placed first) and the question, as (text, ids), in selected order. Contiguous layout, no
-    re-selection, the sampler seeded as the joint answer's."""
-    alone = dataclasses.replace(params, static_layout="contiguous", reselect_every=0)
-    out = []
-    for ref in chosen.refs:
-        scratch = dataclasses.replace(chosen.trace, reselections=[])  # answer_decoder fills its kept tokens
-        decoder = answer_decoder(runner, documents, chosen.prompt, chosen.rows, [ref], alone, scratch)
-        generator = torch.Generator(device=runner.device).manual_seed(params.sampling.seed)
-        steps = run_blocks(decoder, runner.cfg, params.sampling, generator, runner.device)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                ids = done.value.answer_ids
-                break
-        text = tokenizer.decode(ids, skip_special_tokens=True).strip() if tokenizer is not None else ""
-        out.append((text, ids))
-    return out
+    lone = LoneReadings.of(documents, chosen, params) if params.reads_chunks_alone and len(chosen.refs) > 1 else None
+    return PreparedAnswer(decoder, params.sampling, chosen.generator, chosen.trace, clock, t, lone)
 
 
 @torch.inference_mode()
@@ -560,12 +608,32 @@ def stream_answer(runner: Runner, tokenizer, documents: Sequence[DocumentKV], qu
     between decode steps itself, where this generator yields).
     """
     prepared = prepare_answer(runner, tokenizer, documents, question, params, interrupt_check, chunk_priors)
+    loop = prepared.steps(runner, tokenizer)
+    reply: torch.Tensor | BaseException | None = None
+    joint = False  # past the joint answer: the lone readings yield nothing, so check here
     try:
-        outcome = yield from run_blocks(prepared.decoder, runner.cfg, prepared.sampling, prepared.generator,
-                                        runner.device)
+        while True:
+            try:
+                item = loop.throw(reply) if isinstance(reply, BaseException) else loop.send(reply)
+            except StopIteration as done:
+                result = done.value
+                break
+            reply = None
+            if isinstance(item, LogitsRequest):
+                if joint and interrupt_check is not None:
+                    interrupt_check()
+                try:
+                    reply = item.decoder.slot_logits(item.block, item.answer, item.slots)
+                except Exception as exc:  # noqa: BLE001 - the loop decides: a lone reading's error is not fatal
+                    reply = exc
+            elif isinstance(item, JointAnswer):
+                joint = True
+            else:
+                yield item
     finally:  # also when the caller stops listening mid-answer
+        loop.close()
         release_pages(runner)
-    yield prepared.result(outcome, tokenizer)
+    yield result
 
 
 def uses_paged_layout(runner: Runner, documents: Sequence[DocumentKV], params: AnswerParams) -> bool:

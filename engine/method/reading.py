@@ -10,15 +10,34 @@ readings are texts.
 
 from __future__ import annotations
 
+import re
 
-def _plain(text: str) -> str:
+
+def _words(text: str) -> list[str]:
+    """The answer's words, lower-cased, without punctuation: what two readings are compared by."""
+    return re.findall(r"\w+", text.lower())
+
+
+def _normalized(text: str) -> str:
     return " ".join(text.lower().split()).strip(" .")
 
 
 def abstains(text: str, abstain_answer: str) -> bool:
     """Whether an answer is the model's "the passages do not say" (case, spacing and a final full
     stop ignored); an empty answer says nothing either."""
-    return not _plain(text) or _plain(text) == _plain(abstain_answer)
+    return not _normalized(text) or _normalized(text) == _normalized(abstain_answer)
+
+
+def _part_of(part: list[str], whole: list[str]) -> bool:
+    """Whether `part` is a run of consecutive words of `whole`, shorter than it."""
+    n = len(part)
+    return 0 < n < len(whole) and any(whole[i:i + n] == part for i in range(len(whole) - n + 1))
+
+
+def lone_readings_settled(alone: list[str], abstain_answer: str) -> bool:
+    """Whether the lone readings so far already decide `choose_lone_reading` whatever the rest say:
+    two of them answer, so the joint reading stands (the remaining chunks need not be read)."""
+    return sum(not abstains(text, abstain_answer) for text in alone) >= 2
 
 
 def choose_lone_reading(joint: str, alone: list[str], abstain_answer: str) -> int | None:
@@ -26,14 +45,14 @@ def choose_lone_reading(joint: str, alone: list[str], abstain_answer: str) -> in
 
     Exactly one chunk read alone must answer (the others abstain): that chunk holds the fact, and
     its reading is taken (also where it agrees with the joint one: the chunk is then known to be the
-    answer's source), unless it is only a part of the joint answer (a list the joint reading
-    completed from two chunks). Where several chunks answer alone (values spread over chunks) or
-    none does, the joint reading stands.
+    answer's source), unless its words are only a part of the joint answer's (a list the joint
+    reading completed from two chunks, a name it gave in full; word by word, so "1" is not a part of
+    "10"). Where several chunks answer alone (values spread over chunks) or none does, the joint
+    reading stands.
     """
     answering = [i for i, text in enumerate(alone) if not abstains(text, abstain_answer)]
     if len(answering) != 1:
         return None
-    lone, whole = _plain(alone[answering[0]]), _plain(joint)
-    if not abstains(joint, abstain_answer) and lone != whole and lone in whole:
+    if not abstains(joint, abstain_answer) and _part_of(_words(alone[answering[0]]), _words(joint)):
         return None
     return answering[0]

@@ -44,7 +44,7 @@ class ModelDefaults:
     # What the model answers when its passages lack the fact ("not found"); None: it has no such answer.
     abstain_answer: str | None = None
     # Also read each chosen chunk alone and answer with the one that alone does not abstain
-    # (engine.method.reading); needs abstain_answer.
+    # (engine.method.reading; static mode without re-selection); needs abstain_answer.
     read_chunks_alone: bool = False
 
 
@@ -74,8 +74,8 @@ FIELD_HELP: dict[str, str] = {
     "weak_score": "Below this best score (nats) the answer warns that the documents may not contain it.",
     "extractive_answers": "The model copies answers from the passages: an answer none of them contains is flagged.",
     "abstain_answer": "What the model answers when the chosen passages do not hold the fact.",
-    "read_chunks_alone": "Also read each chosen passage alone; where exactly one of them alone holds an answer, "
-                         "that answer is given (and that passage cited first).",
+    "read_chunks_alone": "Static mode: also read each chosen passage alone; where exactly one of them alone "
+                         "holds an answer, that answer is given (and that passage cited first).",
 }
 
 

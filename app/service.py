@@ -44,10 +44,11 @@ from app.viewer import (
     spans_on_pages,
     text_part,
 )
-from engine import AnswerParams, AnswerResult, DocumentKV, Engine
+from engine import AnswerParams, AnswerResult, DocumentKV, Engine, JointAnswer
 from engine.decode.loop import DecodeStep
 from engine.engine import resolve_device
 from engine.method.chunking import CONTENT_OFFSET
+from engine.method.reading import abstains
 from engine.model.weights import cpu_has_native_bf16, weight_file_digests
 from engine.scheduler import AnswerScheduler, QueueFull, SchedulerStopped
 from storage import DocumentRecord, DocumentStore, PageSpan, ResultCache, StorageError, TieredKVPool
@@ -145,12 +146,12 @@ class Citation:
 
 
 def answer_warning(text: str, citations: list[Citation], best_score: float, weak_score: float | None,
-                   extractive: bool) -> tuple[str, str | None]:
-    """Pure: the answer as shown and the warning it carries, if any. "not found" (what a model
-    trained to say so answers) shows as no answer with a warning; an answer none of the passages
-    contains, from a model that copies its answers (`extractive`), is flagged; else a best score
-    below `weak_score` warns that the documents may not hold the answer."""
-    if text.strip().lower().rstrip(".") == NOT_FOUND_ANSWER:
+                   extractive: bool, abstain_answer: str | None) -> tuple[str, str | None]:
+    """Pure: the answer as shown and the warning it carries, if any. The model's abstain answer
+    ("not found" for the bundled model, trained to say so) shows as no answer with a warning; an
+    answer none of the passages contains, from a model that copies its answers (`extractive`), is
+    flagged; else a best score below `weak_score` warns that the documents may not hold the answer."""
+    if abstain_answer and abstains(text, abstain_answer):
         return "", "Not found: the documents may not contain this (the chosen passages do not say it)."
     if extractive and not answer_in_passages(text, [Passage(c.document_id, c.char_start, c.char_end, c.text)
                                                     for c in citations]):
@@ -181,12 +182,12 @@ class AskEvent:
     message: str = ""
     partial: str = ""  # the answer as denoised so far, masked slots as MASK_GLYPH
     result: AskResult | None = None
+    # The partial answer may still be replaced whole: each chosen passage is read alone once it is
+    # settled (AnswerParams.reads_chunks_alone), so even its settled text is not yet the answer.
+    may_change: bool = False
 
 
-# The bundled model answers this when the documents do not hold the fact (training.relations.NOT_FOUND);
-# the app shows it as a warning, never as an answer.
-NOT_FOUND_ANSWER = "not found"
-ANSWER_MEMO = "answer-v4"  # {"document_ids": [...], "result": AskResult as JSON}
+ANSWER_MEMO = "answer-v3"  # {"document_ids": [...], "result": AskResult as JSON}
 
 
 def _utc_now() -> str:
@@ -563,6 +564,8 @@ class DocQA:
         yield AskEvent("status", "waiting for the model")
         canvas = [None] * params.sampling.gen_length
         final: AnswerResult | None = None
+        joint: AnswerResult | None = None  # the answer over all chosen passages, before each is read alone
+        may_change = params.reads_chunks_alone
         try:
             handle = self.scheduler.submit(load, question, params, priors, interrupt_check=stop)
         except QueueFull:
@@ -579,18 +582,28 @@ class DocQA:
                 if isinstance(event, DecodeStep):
                     for pos, tok in zip(event.positions, event.tokens, strict=True):
                         canvas[pos] = tok
-                    yield AskEvent("step", partial=self._render(canvas))
+                    yield AskEvent("step", partial=self._render(canvas), may_change=may_change)
+                elif isinstance(event, JointAnswer):
+                    joint = event.result
+                    yield AskEvent("status", "reading each chosen passage alone", partial=self._render(canvas),
+                                   may_change=True)
                 else:
                     final = event
+        except QuestionStopped:
+            # Past the budget while the passages are read alone: the joint answer is an answer.
+            if joint is None or (cancel is not None and cancel.is_set()):
+                raise
+            logger.warning("reading the chosen passages alone ran past the time budget; answering without it")
         except SchedulerStopped as exc:
             raise QuestionStopped(str(exc)) from None
         finally:  # stopped listening, cancelled or past the budget: the scheduler drops it at its next step
             handle.cancel()
-        if final is None:  # the scheduler ended it without a result (it was closed meanwhile)
+        if final is None and joint is None:  # the scheduler ended it without a result (it was closed meanwhile)
             raise QuestionStopped("the question was stopped before its answer")
-        result = self._build_result(final, records, size, conversation_id or "", load_s, candidates)
-        self.memo.set(ANSWER_MEMO, request_key, {"document_ids": [r.id for r in records],
-                                                 "result": self._result_to_json(result)})
+        result = self._build_result(final or joint, records, size, conversation_id or "", load_s, candidates)
+        if final is not None:  # an answer that skipped its lone readings is not kept for the next asker
+            self.memo.set(ANSWER_MEMO, request_key, {"document_ids": [r.id for r in records],
+                                                     "result": self._result_to_json(result)})
         self._record(result, question, document_ids, params)
         yield AskEvent("done", partial=result.answer, result=result)
 
@@ -684,7 +697,8 @@ class DocQA:
         citations = [citations[i] for i in order]
         anchors = [anchor_rows[i] for i in order] if len(anchor_rows) == len(order) else anchor_rows
         best = max(tr.selected_scores, default=float("-inf"))
-        answer, warning = answer_warning(res.text, citations, best, self.weak_score, self.defaults.extractive_answers)
+        answer, warning = answer_warning(res.text, citations, best, self.weak_score, self.defaults.extractive_answers,
+                                         self.defaults.abstain_answer)
         timings = {"load_kv": load_s, **tr.timings}
         return AskResult(answer, citations, warning, conversation_id, scores, anchors, timings, tr.steps)
 

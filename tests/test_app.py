@@ -136,6 +136,23 @@ def test_ingest_ask_cite_and_remember(service):
     assert cached.cached and cached.answer == "6150382"
 
 
+def test_each_chosen_passage_is_read_alone_before_the_answer_is_given(service):
+    """With every one of the top 4 passages kept, the bundled model reads each alone once the answer
+    over all of them is settled (its docqa.json read_chunks_alone): the steps say the answer may
+    still change, a status tells of the check, and the answer cites the needle's page first."""
+    info, _ = service.ingest(small_pdf(pages=6, needle_page=5), "six.pdf")
+    params = service.params(score_margin=0, coverage_gain=0)  # 0: the rule off, so all top_k are kept
+    assert params.reads_chunks_alone
+    events = list(service.ask(NEEDLE_Q, [info.record.id], params))
+    steps = [e for e in events if e.kind == "step"]
+    checks = [i for i, e in enumerate(events) if e.kind == "status" and e.partial]
+    assert steps and all(e.may_change for e in steps)
+    assert len(checks) == 1 and events[checks[0] - 1].kind == "step" and events[-1].kind == "done"
+    result = events[-1].result
+    assert len(result.citations) > 1 and result.answer == "6150382" and covers(result.citations[0].pages, 5)
+    assert "lone_readings" in result.timings
+
+
 def test_chunks_keep_a_needle_whole(service):
     """The app cuts chunks at sentence starts: a needle that a fixed 127-token cut would split
     (its key in one chunk, its value in the next, so no chunk answers) stays in one chunk, and

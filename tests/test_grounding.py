@@ -50,11 +50,14 @@ def test_the_app_flags_an_answer_its_passages_do_not_hold():
 
     passage = "Tickets for the Hesk regatta cost 8,320 euros. The Ulla night takes place in Bergen."
     citations = [Citation("d1", "report.pdf", 3, "12", -0.4, passage, char_start=0, char_end=len(passage))]
-    assert answer_warning("8,320 euros", citations, -0.4, -1.5, True) == ("8,320 euros", None)
-    shown, warning = answer_warning("Belgium", citations, -0.4, -1.5, True)
+    assert answer_warning("8,320 euros", citations, -0.4, -1.5, True, "not found") == ("8,320 euros", None)
+    shown, warning = answer_warning("Belgium", citations, -0.4, -1.5, True, "not found")
     assert shown == "Belgium" and "none of the chosen passages contains it" in warning
-    assert answer_warning("Belgium", citations, -0.4, -1.5, False) == ("Belgium", None)
-    shown, warning = answer_warning("Not found.", citations, -0.4, -1.5, True)
+    assert answer_warning("Belgium", citations, -0.4, -1.5, False, "not found") == ("Belgium", None)
+    shown, warning = answer_warning("Not found.", citations, -0.4, -1.5, True, "not found")
     assert shown == "" and warning.startswith("Not found")
-    shown, warning = answer_warning("Bergen", citations, -2.0, -1.5, True)
+    # A model with no abstain answer: "not found" is an answer like any other (here, not in the passage).
+    shown, warning = answer_warning("Not found.", citations, -0.4, -1.5, True, None)
+    assert shown == "Not found." and "none of the chosen passages" in warning
+    shown, warning = answer_warning("Bergen", citations, -2.0, -1.5, True, "not found")
     assert shown == "Bergen" and "may not contain" in warning

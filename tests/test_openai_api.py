@@ -135,11 +135,14 @@ def test_a_not_found_answer_is_empty_with_a_warning(client, notes):
 
 
 def test_settled_text_streams_only_what_cannot_change():
-    assert settled_text(f" 61{MASK_GLYPH}0382") == "61"  # a masked slot: what follows may still change
-    assert settled_text(" 6150382 ") == "6150382"  # the final answer is stripped
-    assert settled_text(f"ab\ufffd{MASK_GLYPH}") == "ab"  # half a character
-    assert settled_text("not fo") == "" and settled_text("Not found.") == ""  # may become "" with a warning
-    assert settled_text(f"note{MASK_GLYPH}") == "note" and settled_text(MASK_GLYPH) == ""
+    def settled(partial):
+        return settled_text(partial, "not found")
+    assert settled(f" 61{MASK_GLYPH}0382") == "61"  # a masked slot: what follows may still change
+    assert settled(" 6150382 ") == "6150382"  # the final answer is stripped
+    assert settled(f"ab\ufffd{MASK_GLYPH}") == "ab"  # half a character
+    assert settled("not fo") == "" and settled("Not found.") == ""  # may become "" with a warning
+    assert settled(f"note{MASK_GLYPH}") == "note" and settled(MASK_GLYPH) == ""
+    assert settled_text("not fo", None) == "not fo"  # a model with no abstain answer
 
 
 def test_unknown_documents_and_models_are_named(client, notes):

@@ -90,6 +90,9 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
     alone_settings = read_alone if read_alone is not None else (defaults.read_chunks_alone,)
     if any(alone_settings) and not defaults.abstain_answer:
         raise ValueError("reading chunks alone needs the model's abstain_answer (its docqa.json)")
+    # The modes in which a question reads its chunks alone at all (static, no re-selection).
+    alone_modes = {mode for mode in modes if any(alone_settings)
+                   and answer_params(defaults, kv_mode=mode, read_chunks_alone=True).reads_chunks_alone}
     rows = []
     for s in samples:
         start = time.perf_counter()
@@ -106,7 +109,7 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
         runs = [(enc, mode, m, w, a) for enc in encodings for mode in modes
                 for m in (prefilters if mode in selecting else (PREFILTER_ALL,))
                 for w in (weights if m else weights[:1])
-                for a in (alone_settings if mode == "static" else (False,))
+                for a in (alone_settings if mode in alone_modes else (False,))
                 if mode in CACHED_KV_MODES or enc == encodings[0]]  # the others do not read the KV
         for enc, mode, m, w, alone in runs:
             if mode == "dense" and len(offsets) > dense_max_tokens:

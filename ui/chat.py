@@ -165,6 +165,10 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
                 if event.kind == "step":
                     history[-1] = {"role": "assistant", "content": html.escape(event.partial)}
                     yield history, gr.update(), None, ""
+                elif event.kind == "status" and event.partial:  # the answer settled, now checked
+                    history[-1] = {"role": "assistant",
+                                   "content": f"{html.escape(event.partial)}\n\n*{html.escape(event.message)}...*"}
+                    yield history, gr.update(), None, ""
                 elif event.kind == "done":
                     r = event.result
                     history[-1] = {"role": "assistant", "content": answer_markdown(r)}

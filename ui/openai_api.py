@@ -42,7 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from app.errors import IngestError, QuestionStopped, ServiceBusy, StorageError
-from app.service import MASK_GLYPH, NOT_FOUND_ANSWER, AskEvent, AskResult, DocQA, DocumentInfo
+from app.service import MASK_GLYPH, AskEvent, AskResult, DocQA, DocumentInfo
 
 if TYPE_CHECKING:
     from app.service import AnswerParams  # what DocQA.params returns
@@ -203,15 +203,15 @@ def resolve_documents(service: DocQA, names: list[str] | None) -> list[str]:
 
 # ---- answers ---------------------------------------------------------------------------------------
 
-def settled_text(partial: str) -> str:
+def settled_text(partial: str, abstain_answer: str | None) -> str:
     """The part of a partial answer that the rest of the denoising cannot change, so it can be
     streamed: the text before the first still-masked slot. Diffusion fills slots in any order, so
     only that prefix is final. Held back as well: what the final answer (stripped) may lose, namely
-    blanks at either end and a half-decoded character; and an answer on its way to "not found",
-    which the service turns into an empty answer with a warning."""
+    blanks at either end and a half-decoded character; and an answer on its way to the model's
+    abstain answer ("not found"), which the service turns into an empty answer with a warning."""
     text = partial.split(MASK_GLYPH, 1)[0].lstrip()
     text = text.rstrip().rstrip(REPLACEMENT_CHAR).rstrip()
-    if NOT_FOUND_ANSWER.startswith(text.lower().rstrip(".")):
+    if abstain_answer is not None and abstain_answer.lower().startswith(text.lower().rstrip(".")):
         return ""
     return text
 
@@ -355,8 +355,8 @@ async def stream_answer(question: RunningQuestion, first: AskEvent, reply: Reply
     event = first
     try:
         while event.kind != "done":
-            if event.kind == "step":
-                settled = settled_text(event.partial)
+            if event.kind == "step" and not event.may_change:  # else the final answer may differ whole
+                settled = settled_text(event.partial, question.service.defaults.abstain_answer)
                 if len(settled) > len(sent) and settled.startswith(sent):
                     yield reply.chunk({"content": settled[len(sent):]})
                     sent = settled

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import random
@@ -392,8 +393,9 @@ def test_lookup_facts_that_do_not_fit_a_chunk_are_left_out_but_never_the_asked_o
     from training import relations
 
     _, layout, sampler = _real_text_sampler("lookup_near", seed=9)
-    long_value = " ".join(["Wenlock-Galloway"] * 8)  # about 40 tokens
-    monkeypatch.setattr(relations, "value", lambda kind, rng: long_value)
+    drawn = itertools.count()
+    # About 40 tokens each, and each fact's own: the answer found in the chunk is the asked fact's.
+    monkeypatch.setattr(relations, "value", lambda kind, rng: " ".join([f"Wenlock-Galloway {next(drawn)}"] * 8))
     family = next(f for f in relations.split().train_families if f.is_list)
     for _ in range(20):
         ex = sampler._lookup_example(1, family, (family.question,), most_others=0, near_subjects=2)

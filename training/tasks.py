@@ -371,7 +371,9 @@ class TaskSampler:
             if used(slot) + len(needle) >= self.c - 1:  # more facts than fit (long lists, one chunk)
                 slot = min(range(k), key=used)
                 if used(slot) + len(needle) >= self.c - 1:
-                    continue  # the asked fact comes first and always fits: only a distractor is left out
+                    # The asked fact comes first, into an empty chunk: only a distractor is left out.
+                    assert not (answerable and fact is asked), "the asked fact does not fit in a chunk"
+                    continue
             per_chunk[slot].append(needle)
         chunks = [self._chunk_with(needles, "text") for needles in per_chunk]
         question = relations.frame(asked.question(r.choice(wordings)), r.choice(sp.train_framings))

@@ -186,8 +186,9 @@ class Engine:
                       interrupt_check: Callable[[], None] | None = None,
                       chunk_priors: Sequence[Sequence[float]] | None = None) -> Iterator[DecodeStep | AnswerResult]:
         """Yields a DecodeStep per denoising step, then the AnswerResult with its trace.
-        `interrupt_check` raises to stop the question before decoding; `chunk_priors` (per
-        document, per chunk, in [0, 1]) are fused with the scores (see engine.method.answer)."""
+        `interrupt_check` raises to stop the question before decoding (and between the lone
+        readings' steps); `chunk_priors` (per document, per chunk, in [0, 1]) are fused with the
+        scores (see engine.method.answer)."""
         docs = [documents] if isinstance(documents, DocumentKV) else list(documents)
         yield from stream_answer(self.runner, self.tokenizer, docs, question, params or AnswerParams(),
                                  interrupt_check, chunk_priors)

@@ -604,8 +604,9 @@ def stream_answer(runner: Runner, tokenizer, documents: Sequence[DocumentKV], qu
     `question` is text, or an already tokenized QuestionPrompt (benchmarks with random models use
     that and pass no tokenizer; the result's text is then empty). The runner keeps the passes and
     buffers one question leaves for the next. `interrupt_check` is called between the phases and
-    the scoring passes, before any decode step; it raises to stop the question (the caller checks
-    between decode steps itself, where this generator yields).
+    the scoring passes, before any decode step, and before each step of the lone readings (which
+    yield nothing); it raises to stop the question (the caller checks between the answer's decode
+    steps itself, where this generator yields).
     """
     prepared = prepare_answer(runner, tokenizer, documents, question, params, interrupt_check, chunk_priors)
     loop = prepared.steps(runner, tokenizer)

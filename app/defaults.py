@@ -26,6 +26,9 @@ class ModelDefaults:
     block_length: int = 32
     decoder: str = "threshold"
     threshold: float = 0.9
+    # The answer's end is committed only after text committed at an earlier step
+    # (engine.decode.sampling.defer_early_stops).
+    end_after_text: bool = False
     kv_mode: str = "static"
     position_mode: str = "continuous"
     # Chunks the predictive scorer sees, the top ones by BM25 (app.prefilter); 0: every chunk.
@@ -64,6 +67,8 @@ FIELD_HELP: dict[str, str] = {
     "block_length": "Tokens denoised together, block after block.",
     "decoder": "The denoising rule: 'threshold' commits every slot whose confidence passes the threshold.",
     "threshold": "Confidence a slot needs to be committed in a step (at least one is committed each step).",
+    "end_after_text": "Decide where the answer ends only after its last words are decoded (a number is not cut "
+                      "after its first digit); about one more step an answer.",
     "kv_mode": "'static' decodes over the cached chunk KV as stored; 'joint' re-encodes the chosen chunks "
                "with the question first (slower, for models not trained on chunks).",
     "position_mode": "Where chosen chunks are placed: 'continuous' one after another, 'reuse' at their stored "
@@ -108,5 +113,5 @@ def answer_params(defaults: ModelDefaults, **overrides) -> AnswerParams:
         token_budget=d.token_budget, prior_weight=d.bm25_weight, kv_mode=d.kv_mode, position_mode=d.position_mode,
         scoring=ScoringParams(scorer=d.scorer, llada_folds=d.llada_folds),
         sampling=SamplingParams(decoder=d.decoder, threshold=d.threshold, gen_length=d.gen_length,
-                                block_length=d.block_length),
+                                block_length=d.block_length, end_after_text=d.end_after_text),
         read_chunks_alone=d.read_chunks_alone, abstain_answer=d.abstain_answer)

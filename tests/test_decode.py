@@ -97,6 +97,37 @@ def test_stops_at_eos(llada_dir):
     assert stopped.stopped_early and stopped.steps < full.steps
 
 
+def _ends_beside_new_text(events: list, stop: int) -> int:
+    """How many of the steps' committed stops follow a slot that was masked before that step and is
+    not a stop committed with it."""
+    canvas, count = {}, 0
+    for step in events[:-1]:
+        new = dict(zip(step.positions, step.tokens, strict=True))
+        count += sum(tok == stop and pos > 0 and pos - 1 not in canvas and new.get(pos - 1) != stop
+                     for pos, tok in new.items())
+        canvas.update(new)
+    return count
+
+
+def test_an_end_is_committed_only_after_earlier_text(llada_dir):
+    """Over a real decode, with a token the random model writes declared the end: without
+    end_after_text some step commits the end beside text it commits too; with it none does, and
+    the answer still settles."""
+    engine = Engine.from_pretrained(llada_dir, device="cpu")  # its own copy: the config changes
+    params = SamplingParams(decoder="threshold", threshold=0.05, gen_length=32, block_length=16)
+    prompt = engine.encode("Hello there")
+    config = engine.config
+    for stop in sorted(set(engine.generate(prompt, dataclasses.replace(params, stop_at_eos=False)).answer_ids)):
+        engine.model.cfg = dataclasses.replace(config, eos_token_id=stop, eot_token_id=None)
+        if _ends_beside_new_text(list(engine.stream_generate(prompt, params)), stop):
+            break
+    else:
+        pytest.fail("no token of the answer, made the end, is committed beside new text: pick another prompt")
+    events = list(engine.stream_generate(prompt, dataclasses.replace(params, end_after_text=True)))
+    assert _ends_beside_new_text(events, stop) == 0
+    assert stop not in events[-1].answer_ids and len(events) > 1
+
+
 @pytest.mark.parametrize("pair", ["dream"], indirect=True)
 def test_sampled_generation_is_seeded(pair):
     engine, _ = pair

@@ -14,6 +14,7 @@ from engine.decode.sampling import (
     choose_commits,
     confidence_scores,
     cut_at_stop,
+    defer_early_stops,
     dream_timesteps,
     dream_transfer_count,
     filter_logits,
@@ -136,6 +137,28 @@ def test_eos_settles_answer():
     assert not answer_is_settled([1, 2, 3, mask], mask, (eos,))
     assert answer_is_settled([eos, mask], mask, (eos,))
     assert cut_at_stop([4, 5, 8, 7, 1], (7, 8)) == [4, 5]
+
+
+def test_an_end_waits_for_the_text_before_it():
+    mask, eos, pad = 99, 7, 8
+    stops = (eos, pad)
+    canvas = [mask] * 6
+    # "5" at slot 0 and the end from slot 1 in one step: the end waits, the "5" stays.
+    assert defer_early_stops([0, 1, 2, 3, 4, 5], [True] * 6, [5, eos, eos, pad, eos, eos], canvas, mask,
+                             stops) == [True, False, False, False, False, False]
+    # Once "5" was committed at an earlier step, the end right after it (and the run of ends) is kept.
+    assert defer_early_stops([1, 2, 3, 4, 5], [True] * 5, [eos, eos, pad, eos, eos], [5] + [mask] * 5, mask,
+                             stops) == [True] * 5
+    # An end after a slot still masked waits; text elsewhere is committed as chosen; an end at the
+    # answer's first slot (an empty answer) is the model's to give.
+    assert defer_early_stops([0, 2, 3, 5], [False, True, True, True], [4, eos, 6, eos], [mask, 9, mask, mask, 3, mask],
+                             mask, stops) == [False, True, True, True]
+    assert defer_early_stops([1, 3], [True, True], [eos, 4], [9, mask, 2, mask], mask, stops) == [True, True]
+    assert defer_early_stops([0, 1], [True, True], [eos, eos], [mask, mask], mask, stops) == [True, True]
+    # Nothing left to commit: the first masked slot is, whatever it holds (its end follows text).
+    assert defer_early_stops([2, 3], [False, True], [eos, eos], [1, 2, mask, mask], mask, stops) == [True, False]
+    assert defer_early_stops([1, 2, 3], [False, True, True], [4, eos, eos], [1, mask, mask, mask], mask, stops) == \
+        [True, False, False]
 
 
 @pytest.mark.parametrize("bad", [dict(decoder="beam"), dict(gen_length=30, block_length=32),

@@ -25,6 +25,7 @@ from engine.decode.sampling import (
     answer_is_settled,
     choose_commits,
     cut_at_stop,
+    defer_early_stops,
     prediction_rows,
 )
 from engine.model.config import ModelConfig
@@ -100,8 +101,15 @@ def decode_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
             logits = yield LogitsRequest(decoder, block, answer, slots)
             plan = StepPlan(step_in_block, params.steps_per_block, masked_at_start)
             chosen, tokens = choose_commits(logits, params, plan, generator)
-            answer[slots] = torch.where(chosen, tokens, answer[slots])
-            commit, new = torch.stack((chosen.long(), tokens)).tolist()  # the step's one synchronisation
+            if params.end_after_text:  # decided on the host: the rule walks the slots in order
+                commit, new = torch.stack((chosen.long(), tokens)).tolist()
+                commit = defer_early_stops(masked, [bool(c) for c in commit], new, canvas, mask_id,
+                                           cfg.stop_token_ids)
+                chosen = torch.tensor(commit, device=device)
+                answer[slots] = torch.where(chosen, tokens, answer[slots])
+            else:
+                answer[slots] = torch.where(chosen, tokens, answer[slots])
+                commit, new = torch.stack((chosen.long(), tokens)).tolist()  # the step's one synchronisation
             positions = tuple(p for p, c in zip(masked, commit, strict=True) if c)
             committed = tuple(t for t, c in zip(new, commit, strict=True) if c)
             for pos, tok in zip(positions, committed, strict=True):

@@ -41,6 +41,11 @@ class SamplingParams:
     eps: float = 1e-3  # end of Dream's timestep linspace
     alg_temp: float | None = None  # Dream: sample positions from softmax(confidence / alg_temp)
     stop_at_eos: bool = True
+    # Commit a stop token only right after text committed at an earlier step (or after another
+    # stop token): the answer's end is then decided knowing its last word, instead of in the same
+    # step as it, where a slot's prediction cannot see its neighbour's ("5" then the end, for "58").
+    # Costs about one step an answer (the end waits for the text). `defer_early_stops`.
+    end_after_text: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -215,6 +220,29 @@ def choose_commits(logits: torch.Tensor, params: SamplingParams, plan: StepPlan,
             chosen = select_top_k(confidence_scores(proposal, decoder, generator), k,
                                   params.alg_temp, generator)
     return chosen, proposal.tokens
+
+
+def defer_early_stops(positions: list[int], commit: list[bool], tokens: list[int], canvas: list[int],
+                      mask_id: int, stop_ids: tuple[int, ...]) -> list[bool]:
+    """`commit` (per masked slot at `positions`, ascending) with the stop tokens left masked that
+    would not follow text committed at an earlier step: a stop is kept where the slot before it
+    (in `canvas`, the answer before this step) was committed already, or is a stop kept this step,
+    or where it is the answer's first slot. If nothing would be committed then, the first masked
+    slot is (its token, stop or not, always qualifies), so that every step makes progress."""
+    stops = set(stop_ids)
+    kept = list(commit)
+    kept_stop_at: set[int] = set()
+    for i, (pos, chosen, tok) in enumerate(zip(positions, commit, tokens, strict=True)):
+        if not chosen or tok not in stops:
+            continue
+        before = pos - 1
+        if pos == 0 or canvas[before] != mask_id or before in kept_stop_at:
+            kept_stop_at.add(pos)
+        else:
+            kept[i] = False
+    if commit and not any(kept):
+        kept[0] = True
+    return kept
 
 
 def answer_is_settled(answer: list[int], mask_id: int, stop_ids: tuple[int, ...]) -> bool:

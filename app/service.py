@@ -44,7 +44,7 @@ from app.viewer import (
     spans_on_pages,
     text_part,
 )
-from engine import AnswerParams, AnswerResult, DocumentKV, Engine, JointAnswer
+from engine import AnswerParams, AnswerResult, DocumentKV, Engine, JointAnswer, ReadsAlone
 from engine.decode.loop import DecodeStep
 from engine.engine import resolve_device
 from engine.method.chunking import CONTENT_OFFSET
@@ -187,7 +187,10 @@ class AskEvent:
     may_change: bool = False
 
 
-ANSWER_MEMO = "answer-v3"  # {"document_ids": [...], "result": AskResult as JSON}
+ANSWER_MEMO = "answer-v5"  # {"document_ids": [...], "result": AskResult as JSON}
+# Earlier versions' answers (another rule gave them), purged with a document as well: the memo
+# would evict them only by age, and a deleted document's answers must not outlive it.
+RETIRED_ANSWER_MEMOS = ("answer-v2", "answer-v3", "answer-v4")
 
 
 def _utc_now() -> str:
@@ -448,7 +451,8 @@ class DocQA:
         self.kv.forget(doc_id)
         found = self.store.delete_document(doc_id)
         self.memo.delete("extracted", doc_id)
-        self.memo.delete_where(ANSWER_MEMO, lambda entry: doc_id in entry.get("document_ids", []))
+        for namespace in (ANSWER_MEMO, *RETIRED_ANSWER_MEMOS):
+            self.memo.delete_where(namespace, lambda entry: doc_id in entry.get("document_ids", []))
         self.memo.compact_log()
         self.discard_uploads(doc_id)
         return found
@@ -565,7 +569,7 @@ class DocQA:
         canvas = [None] * params.sampling.gen_length
         final: AnswerResult | None = None
         joint: AnswerResult | None = None  # the answer over all chosen passages, before each is read alone
-        may_change = params.reads_chunks_alone
+        may_change = False  # each chosen passage is read alone after the steps (ReadsAlone)
         try:
             handle = self.scheduler.submit(load, question, params, priors, interrupt_check=stop)
         except QueueFull:
@@ -583,6 +587,8 @@ class DocQA:
                     for pos, tok in zip(event.positions, event.tokens, strict=True):
                         canvas[pos] = tok
                     yield AskEvent("step", partial=self._render(canvas), may_change=may_change)
+                elif isinstance(event, ReadsAlone):
+                    may_change = True
                 elif isinstance(event, JointAnswer):
                     joint = event.result
                     yield AskEvent("status", "reading each chosen passage alone", partial=self._render(canvas),
@@ -601,7 +607,7 @@ class DocQA:
         if final is None and joint is None:  # the scheduler ended it without a result (it was closed meanwhile)
             raise QuestionStopped("the question was stopped before its answer")
         result = self._build_result(final or joint, records, size, conversation_id or "", load_s, candidates)
-        if final is not None:  # an answer that skipped its lone readings is not kept for the next asker
+        if final is not None and not final.trace.lone_failed:  # an unchecked answer is not kept for the next asker
             self.memo.set(ANSWER_MEMO, request_key, {"document_ids": [r.id for r in records],
                                                      "result": self._result_to_json(result)})
         self._record(result, question, document_ids, params)

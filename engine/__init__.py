@@ -10,6 +10,7 @@ from engine.method.answer import (
     AnswerTrace,
     ChunkRef,
     JointAnswer,
+    ReadsAlone,
 )
 from engine.method.chunk_scorer import ScoringParams
 from engine.method.kv_cache import DocumentKV
@@ -18,5 +19,5 @@ from engine.model.config import KNOWN_CONFIGS, ConfigError, ModelConfig
 __all__ = [
     "CACHED_KV_MODES", "DECODERS", "KNOWN_CONFIGS", "KV_MODES", "AnswerParams", "AnswerResult", "AnswerTrace",
     "ChunkRef", "ConfigError", "DocumentKV", "Engine", "GenerationResult", "JointAnswer", "ModelConfig",
-    "SamplingParams", "ScoringParams",
+    "ReadsAlone", "SamplingParams", "ScoringParams",
 ]

@@ -40,7 +40,7 @@ from typing import TypeVar
 import torch
 
 from engine.decode.loop import DecodeStep, LogitsRequest
-from engine.decode.paged import PagedStaticDecoder, release_pages
+from engine.decode.paged import release_pages
 from engine.decode.static import StaticBatch
 from engine.method.answer import (
     CACHED_KV_MODES,
@@ -52,6 +52,7 @@ from engine.method.answer import (
     DraftedQuestion,
     JointAnswer,
     PreparedAnswer,
+    ReadsAlone,
     choose_chunks,
     draft_answers,
     question_prompt,
@@ -115,8 +116,8 @@ Documents = Sequence[DocumentKV] | Callable[[], Sequence[DocumentKV]]
 
 @dataclass
 class QuestionHandle:
-    """One submitted question: iterate it for its DecodeSteps, its JointAnswer where it reads its
-    chunks alone, then its AnswerResult. An error of the question (its `interrupt_check` raising
+    """One submitted question: iterate it for its DecodeSteps (after ReadsAlone where it reads its
+    chunks alone, then its JointAnswer), then its AnswerResult. An error of the question (its `interrupt_check` raising
     included) is raised from the iteration."""
 
     _events: queue.Queue = field(default_factory=queue.Queue)
@@ -126,11 +127,11 @@ class QuestionHandle:
         """Stops the question at its next step (or before it starts); the model is freed of it."""
         self._cancelled.set()
 
-    def __iter__(self) -> Iterator[DecodeStep | JointAnswer | AnswerResult]:
+    def __iter__(self) -> Iterator[DecodeStep | ReadsAlone | JointAnswer | AnswerResult]:
         return self.events()
 
     def events(self, check: Callable[[], None] | None = None, every_s: float = 0.25
-               ) -> Iterator[DecodeStep | JointAnswer | AnswerResult]:
+               ) -> Iterator[DecodeStep | ReadsAlone | JointAnswer | AnswerResult]:
         """The question's events; `check` (the asker's: cancelled? past its budget?) is called every
         `every_s` while none arrives, so a question still waiting for its place can be stopped,
         and what it raises ends the question."""
@@ -499,7 +500,7 @@ class AnswerScheduler:
             active.submitted.handle._events.put(_DONE)
         try:
             active.loop.close()
-            if isinstance(active.prepared.decoder, PagedStaticDecoder):
+            if active.prepared.paged:
                 release_pages(self.runner)
         except Exception:  # noqa: BLE001 - logged; the other questions go on
             logger.exception("cleaning up after a question failed")

@@ -151,6 +151,10 @@ def test_each_chosen_passage_is_read_alone_before_the_answer_is_given(service):
     result = events[-1].result
     assert len(result.citations) > 1 and result.answer == "6150382" and covers(result.citations[0].pages, 5)
     assert "lone_readings" in result.timings
+    # One passage chosen: nothing to read alone, so the steps are the answer's as they come.
+    events = list(service.ask(NEEDLE_Q, [info.record.id], service.params(top_k=1)))
+    assert not any(e.may_change for e in events) and not any(e.kind == "status" and e.partial for e in events)
+    assert events[-1].result.answer == "6150382" and len(events[-1].result.citations) == 1
 
 
 def test_chunks_keep_a_needle_whole(service):

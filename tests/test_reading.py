@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from engine import AnswerParams, JointAnswer, SamplingParams
-from engine.decode.loop import LogitsRequest
+from engine import AnswerParams, AnswerResult, JointAnswer, ReadsAlone, SamplingParams
+from engine.decode.loop import DecodeStep
+from engine.decode.static import StaticBatch, StaticDecoder
 from engine.method.answer import prepare_answer
 from engine.method.kv_cache import take_chunks
 from engine.method.reading import abstains, choose_lone_reading, lone_readings_settled
@@ -95,60 +96,71 @@ def test_lone_readings_hold_a_copy_of_their_chunks_not_the_documents(engines):
         assert chunk.keys.untyped_storage().nbytes() == chunk.keys.numel() * chunk.keys.element_size()
 
 
-def _drive(engine, prepared, fail_lone_reading=False):
-    """Runs a prepared question's loop as a driver does, answering each LogitsRequest from its
-    decoder; with `fail_lone_reading`, the first request after the joint answer gets an error."""
-    loop = prepared.steps(engine.runner, engine.tokenizer)
-    reply, joint = None, None
-    with torch.inference_mode():
-        while True:
-            try:
-                item = loop.throw(reply) if isinstance(reply, BaseException) else loop.send(reply)
-            except StopIteration as done:
-                return joint, done.value
-            reply = None
-            if isinstance(item, JointAnswer):
-                joint = item.result
-            elif isinstance(item, LogitsRequest):
-                if joint is not None and fail_lone_reading:
-                    reply = RuntimeError("out of memory in a lone reading")
-                else:
-                    reply = item.decoder.slot_logits(item.block, item.answer, item.slots)
+def _failing_after(monkeypatch, owner, calls: int):
+    """`owner.slot_logits` (a decoder's or a batch's) raising out-of-memory from call `calls` + 1 on:
+    the lone readings' first step, after a joint answer of `calls` steps."""
+    real, count = owner.slot_logits, [0]
+
+    def slot_logits(self, *args):
+        count[0] += 1
+        if count[0] > calls:
+            raise torch.OutOfMemoryError("out of memory in a lone reading")
+        return real(self, *args)
+    monkeypatch.setattr(owner, "slot_logits", slot_logits)
 
 
-def test_a_failed_lone_reading_leaves_the_joint_answer(engines):
+@pytest.mark.parametrize("driver", ["alone", "scheduler"])
+def test_a_failed_lone_reading_leaves_the_joint_answer_unchecked(engines, monkeypatch, driver):
+    """The lone readings' step fails (in `stream_answer`, or in the scheduler's batched forward): the
+    answer over all chunks is given, marked unchecked, and a later question runs as before."""
     engine = engines["dream"]
     doc, question, params = _ask(engine)
-    expected = engine.answer(doc, question, dataclasses.replace(params, read_chunks_alone=False))
-    joint, result = _drive(engine, prepare_answer(engine.runner, engine.tokenizer, [doc], question, params),
-                           fail_lone_reading=True)
-    assert joint.text == result.text == expected.text and result.answer_ids == expected.answer_ids
-    assert result.trace.lone_answers == [] and result.trace.answered_from is None
-    # Driven to the end, the same loop gives what answer() gives.
-    joint, result = _drive(engine, prepare_answer(engine.runner, engine.tokenizer, [doc], question, params))
-    assert joint.text == expected.text and result.text == engine.answer(doc, question, params).text
+    joint = engine.answer(doc, question, dataclasses.replace(params, read_chunks_alone=False))
+    checked = engine.answer(doc, question, params)
+    with monkeypatch.context() as patch:
+        if driver == "alone":
+            _failing_after(patch, StaticDecoder, joint.trace.steps)
+            result = engine.answer(doc, question, params)
+        else:
+            _failing_after(patch, StaticBatch, joint.trace.steps)
+            scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=4)
+            try:
+                events = list(scheduler.submit([doc], question, params))
+            finally:
+                scheduler.close()
+            assert [type(e) for e in events if not isinstance(e, DecodeStep)] == [ReadsAlone, JointAnswer, AnswerResult]
+            result = events[-1]
+    assert (result.text, result.answer_ids) == (joint.text, joint.answer_ids)
+    assert result.trace.lone_failed and result.trace.lone_answers == [] and result.trace.answered_from is None
+    again = engine.answer(doc, question, params)
+    assert (again.text, again.trace.lone_answers, again.trace.lone_failed) == \
+        (checked.text, checked.trace.lone_answers, False)
 
 
 def test_scheduled_questions_read_their_chunks_alone_as_each_asked_alone(engines):
-    """Two questions in one batch, one answered from its second chunk alone (its abstain answer is
-    its first chunk's lone reading): each as when asked alone."""
+    """Three questions over two documents in one batch, one answered from its second chunk alone
+    (its abstain answer is its first chunk's lone reading), one with a longer answer, so that lone
+    readings' rows share steps with another question's joint rows: each as when asked alone."""
     engine = engines["llada"]
     doc, question, params = _ask(engine)
+    other = engine.prefill(doc_ids(91, 260, seed=12), chunk_size=16)
     plain = engine.answer(doc, question, params)
     from_second = dataclasses.replace(params, abstain_answer=plain.trace.lone_answers[0])
-    expected = [plain, engine.answer(doc, question, from_second)]
-    assert expected[1].trace.answered_from == 1
+    longer = dataclasses.replace(params, sampling=dataclasses.replace(params.sampling, gen_length=24))
+    asks = [(doc, question, from_second), (other, "Which pier is it?", params), (other, "And the date?", longer)]
+    expected = [engine.answer(d, q, p) for d, q, p in asks]
+    assert expected[0].trace.answered_from == 1
     scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=4)
     try:
         with scheduler.turn():  # held while they arrive, so they are admitted together
-            handles = [scheduler.submit([doc], question, p) for p in (params, from_second)]
+            handles = [scheduler.submit([d], q, p) for d, q, p in asks]
         events = [list(h) for h in handles]
     finally:
         scheduler.close()
-    assert max(scheduler.batch_sizes) == 2  # the two stepped together
+    assert max(scheduler.batch_sizes) == 3
     for got, want in zip(events, expected, strict=True):
-        joint, result = [e for e in got if isinstance(e, JointAnswer)], got[-1]
-        assert len(joint) == 1 and joint[0].result.text == plain.text  # the same joint reading
+        assert sum(isinstance(e, JointAnswer) for e in got) == sum(isinstance(e, ReadsAlone) for e in got) == 1
+        result = got[-1]
         assert result.text == want.text and result.answer_ids == want.answer_ids
         assert result.trace.lone_answers == want.trace.lone_answers
         assert result.trace.answered_from == want.trace.answered_from

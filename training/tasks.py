@@ -372,7 +372,7 @@ class TaskSampler:
                 slot = min(range(k), key=used)
                 if used(slot) + len(needle) >= self.c - 1:
                     # The asked fact comes first, into an empty chunk: only a distractor is left out.
-                    assert not (answerable and fact is asked), "the asked fact does not fit in a chunk"
+                    assert fact is not asked, "the asked fact does not fit in a chunk"
                     continue
             per_chunk[slot].append(needle)
         chunks = [self._chunk_with(needles, "text") for needles in per_chunk]

@@ -13,7 +13,7 @@ All share the same rule, so their step counts are comparable.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -131,22 +131,34 @@ def decode_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
                          stopped_early=stopped_early)
 
 
+def drive_alone(loop: Generator, before_request: Callable[[], None] | None = None) -> Generator:
+    """Drives a question's loop (`decode_blocks`, `PreparedAnswer.steps`) alone: each LogitsRequest
+    is answered by its own decoder, `before_request` called first (an error the decoder raises is
+    thrown into the loop, which may absorb it); every other item is yielded. Returns the loop's
+    value."""
+    reply: torch.Tensor | BaseException | None = None
+    while True:
+        try:
+            item = loop.throw(reply) if isinstance(reply, BaseException) else loop.send(reply)
+        except StopIteration as done:
+            return done.value
+        reply = None
+        if isinstance(item, LogitsRequest):
+            if before_request is not None:
+                before_request()
+            try:
+                reply = item.decoder.slot_logits(item.block, item.answer, item.slots)
+            except Exception as exc:  # noqa: BLE001 - the loop decides what an error ends
+                reply = exc
+        else:
+            yield item
+
+
 def run_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
                generator: torch.Generator | None, device: torch.device
                ) -> Generator[DecodeStep, None, DecodeOutcome]:
     """`decode_blocks` for one question alone: each step's logits come from its decoder."""
-    loop = decode_blocks(decoder, cfg, params, generator, device)
-    reply = None
-    while True:
-        try:
-            item = loop.send(reply)
-        except StopIteration as done:
-            return done.value
-        if isinstance(item, LogitsRequest):
-            reply = decoder.slot_logits(item.block, item.answer, item.slots)
-        else:
-            yield item
-            reply = None
+    return (yield from drive_alone(decode_blocks(decoder, cfg, params, generator, device)))
 
 
 def block_logits(runner: Runner, ids: torch.Tensor, positions: torch.Tensor, mask, past, slots: torch.Tensor,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.decode.baselines import DenseDecoder, FastDLLMDecoder
-from engine.decode.loop import DecodeStep, LogitsRequest, decode_blocks
+from engine.decode.loop import DecodeStep, LogitsRequest, decode_blocks, drive_alone
 from engine.decode.paged import PagedStaticDecoder, paged_decoder, release_pages
 from engine.decode.sampling import SamplingParams
 from engine.decode.static import (
@@ -169,6 +169,7 @@ class AnswerTrace:
     # index of the one answered with, or None where the joint reading stands.
     lone_answers: list[str] = field(default_factory=list)
     answered_from: int | None = None
+    lone_failed: bool = False  # the lone readings failed (an error, logged): the joint answer stands unchecked
 
 
 @dataclass
@@ -177,6 +178,12 @@ class AnswerResult:
     answer_ids: list[int]
     trace: AnswerTrace
     stopped_early: bool = False
+
+
+@dataclass(frozen=True)
+class ReadsAlone:
+    """First event of a question that will read its chunks alone (AnswerParams.reads_chunks_alone,
+    more than one chunk selected): the answer its DecodeSteps build may still be replaced whole."""
 
 
 @dataclass(frozen=True)
@@ -380,8 +387,9 @@ def _dense_prompt(prompt: QuestionPrompt, documents: Sequence[DocumentKV], bos_i
 @dataclass
 class LoneReadings:
     """Each selected chunk read alone: the answer decoded over that chunk's static context and the
-    question (the chunk placed first, contiguous layout, the sampler seeded as the joint answer's).
-    Holds a copy of just the selected chunks' KV, not their documents, while the question decodes."""
+    question, the chunk placed first as if it were the whole document (in every position mode),
+    contiguous layout, the sampler seeded as the joint answer's. Holds a copy of just the selected
+    chunks' KV, not their documents, each let go once read."""
 
     chunks: list[DocumentKV]  # per selected chunk (selected order), a document of that one chunk
     prompt: QuestionPrompt
@@ -399,10 +407,8 @@ class LoneReadings:
         caller answers it, alone or batched), until the readings settle the choice
         (`lone_readings_settled`); returns the readings, (text, ids) each."""
         readings: list[tuple[str, list[int]]] = []
-        abstain = self.params.abstain_answer or ""
-        for chunk in self.chunks:
-            if lone_readings_settled([text for text, _ in readings], abstain):
-                break
+        while self.chunks and not lone_readings_settled([text for text, _ in readings], self.params.abstain_answer):
+            chunk = self.chunks.pop(0)
             scratch = dataclasses.replace(trace, reselections=[])  # answer_decoder fills its kept tokens
             decoder = answer_decoder(runner, [chunk], self.prompt, self.rows, [ChunkRef(0, 0)], self.params, scratch)
             generator = torch.Generator(device=runner.device).manual_seed(self.params.sampling.seed)
@@ -424,41 +430,57 @@ class LoneReadings:
 class PreparedAnswer:
     """A question with its chunks chosen and its context built, ready for its decode steps."""
 
-    decoder: StaticDecoder | PagedStaticDecoder | DenseDecoder | FastDLLMDecoder
+    # None once the joint answer is settled (its context is let go before the lone readings)
+    decoder: StaticDecoder | PagedStaticDecoder | DenseDecoder | FastDLLMDecoder | None
     sampling: SamplingParams
     generator: torch.Generator  # the sampler's, seeded by `sampling.seed`
     trace: AnswerTrace
     clock: _Clock
     decode_start: float  # perf_counter when decoding starts
     lone: LoneReadings | None = None  # each chunk read alone once the joint answer is settled
+    paged: bool = field(init=False)  # its decoder holds the runner's page buffers (to release at its end)
+
+    def __post_init__(self) -> None:
+        self.paged = isinstance(self.decoder, PagedStaticDecoder)
 
     def steps(self, runner: Runner, tokenizer
               ) -> Generator[LogitsRequest | DecodeStep | JointAnswer, torch.Tensor | None, AnswerResult]:
-        """The question's decoding as a loop its driver answers (as `decode_blocks`): a
-        LogitsRequest before each step, the DecodeStep after it, then, where chunks are read
-        alone, the JointAnswer and the lone readings' LogitsRequests; returns the AnswerResult.
+        """The question's decoding as a loop its driver answers (as `decode_blocks`): where chunks
+        are read alone, ReadsAlone first; a LogitsRequest before each step, the DecodeStep after
+        it; then, where chunks are read alone, the JointAnswer and the lone readings'
+        LogitsRequests. Returns the AnswerResult.
 
-        An error the driver throws in, or one of the lone readings' own, ends them: the joint
-        answer stands (logged). Drivers stop the question (cancelled, past a budget) from outside."""
+        An error the driver throws in during the lone readings, or one of theirs, ends them: the
+        joint answer stands, unchecked (`trace.lone_failed`, logged). Drivers stop the question
+        (cancelled, past a budget) from outside."""
+        lone = self.lone if tokenizer is not None else None
+        if lone is not None:
+            yield ReadsAlone()
         outcome = yield from decode_blocks(self.decoder, runner.cfg, self.sampling, self.generator, runner.device)
+        if lone is not None:
+            self.decoder = None  # the joint context: the lone readings need none of it
         t = self.clock.lap("decode", self.decode_start)
         self.trace.steps, self.trace.forward_passes = outcome.steps, outcome.forward_passes
         text = tokenizer.decode(outcome.answer_ids, skip_special_tokens=True).strip() if tokenizer is not None else ""
         result = AnswerResult(text=text, answer_ids=outcome.answer_ids, trace=self.trace,
                               stopped_early=outcome.stopped_early)
-        if self.lone is None or tokenizer is None:
+        if lone is None:
             return result
-        yield JointAnswer(dataclasses.replace(result, trace=dataclasses.replace(self.trace)))
+        joint_trace = dataclasses.replace(self.trace, timings=dict(self.trace.timings))  # the asker reads it
+        yield JointAnswer(dataclasses.replace(result, trace=joint_trace))
         try:
-            readings = yield from self.lone.read(runner, tokenizer, self.trace)
-        except Exception:  # noqa: BLE001 - a check that failed leaves the answer it checked
+            readings = yield from lone.read(runner, tokenizer, self.trace)
+        except Exception as exc:  # noqa: BLE001 - a check that failed leaves the answer it checked
             logger.warning("reading the chosen chunks alone failed; the answer over all of them stands",
                            exc_info=True)
+            if isinstance(exc, torch.OutOfMemoryError):  # what the kept passes hold may be what it lacked
+                runner.forget()
+            self.trace.lone_failed = True
             return result
         finally:
             self.clock.lap("lone_readings", t)
         self.trace.lone_answers = [lone_text for lone_text, _ in readings]
-        self.trace.answered_from = choose_lone_reading(text, self.trace.lone_answers, self.lone.params.abstain_answer)
+        self.trace.answered_from = choose_lone_reading(text, self.trace.lone_answers, lone.params.abstain_answer)
         if self.trace.answered_from is not None:
             result.text, result.answer_ids = readings[self.trace.answered_from]
         return result
@@ -609,30 +631,26 @@ def stream_answer(runner: Runner, tokenizer, documents: Sequence[DocumentKV], qu
     steps itself, where this generator yields).
     """
     prepared = prepare_answer(runner, tokenizer, documents, question, params, interrupt_check, chunk_priors)
-    loop = prepared.steps(runner, tokenizer)
-    reply: torch.Tensor | BaseException | None = None
-    joint = False  # past the joint answer: the lone readings yield nothing, so check here
+    joint_settled = False  # after it the lone readings yield nothing: the check runs before their steps
+
+    def check() -> None:
+        if joint_settled and interrupt_check is not None:
+            interrupt_check()
+
+    events = drive_alone(prepared.steps(runner, tokenizer), check)
     try:
         while True:
             try:
-                item = loop.throw(reply) if isinstance(reply, BaseException) else loop.send(reply)
+                item = next(events)
             except StopIteration as done:
                 result = done.value
                 break
-            reply = None
-            if isinstance(item, LogitsRequest):
-                if joint and interrupt_check is not None:
-                    interrupt_check()
-                try:
-                    reply = item.decoder.slot_logits(item.block, item.answer, item.slots)
-                except Exception as exc:  # noqa: BLE001 - the loop decides: a lone reading's error is not fatal
-                    reply = exc
-            elif isinstance(item, JointAnswer):
-                joint = True
-            else:
+            if isinstance(item, JointAnswer):
+                joint_settled = True
+            elif isinstance(item, DecodeStep):
                 yield item
     finally:  # also when the caller stops listening mid-answer
-        loop.close()
+        events.close()
         release_pages(runner)
     yield result
 

@@ -8,10 +8,13 @@ import re
 
 from training.relations import (
     FRAMINGS,
+    HELD_OUT_DRESSINGS,
     HELD_OUT_FRAMINGS,
     LIST_KINDS,
     NOT_FOUND,
+    TRAIN_DRESSINGS,
     draw_fact,
+    dress,
     families,
     frame,
     held_out_samples,
@@ -107,3 +110,34 @@ def test_the_bundled_model_abstains_as_it_was_trained_to():
     from app.defaults import BUNDLED_MODEL, model_defaults
 
     assert model_defaults(BUNDLED_MODEL).abstain_answer == NOT_FOUND
+
+
+def _fragments(dressing: tuple[str, str]) -> list[str]:
+    """The fixed words of a dressing (its blanks left out): what shows it in a text."""
+    return [part.strip(" ,") for half in dressing for part in re.split(r"\{\w+\}", half) if part.strip(" ,")]
+
+
+def test_a_dressed_fact_keeps_its_sentence_inside_a_lead_and_a_trailing_clause():
+    every = {f.id: f for f in families()}
+    rng = random.Random(3)
+    fact = draw_fact(every["place/01"], rng)  # "The access code for {s} is {v}."
+    dressed = dress(fact, ("As of {year}, ", ", {rel} was confirmed in {month}"), rng)
+    assert re.fullmatch(rf"As of 20\d\d, the access code for {re.escape(fact.subject)} is {fact.value}, which was "
+                        r"confirmed in [A-Z][a-z]+\.", dressed.sentence), dressed.sentence
+    person = draw_fact(every["place/05"], rng)  # "The manager of {s} is {v}."
+    assert dress(person, ("", ", {rel} signed the new {thing} contract"), rng).sentence.startswith(
+        person.sentence[:-1] + ", who signed the new ")
+    assert dress(fact, ("", ""), rng).sentence == fact.sentence
+
+
+def test_held_out_dressings_are_never_trained_on_and_the_form_set_uses_only_them():
+    assert not set(TRAIN_DRESSINGS) & set(HELD_OUT_DRESSINGS) and len(HELD_OUT_DRESSINGS) >= 3
+    held_words = {w for d in HELD_OUT_DRESSINGS for w in _fragments(d)}
+    assert not held_words & {w for d in TRAIN_DRESSINGS for w in _fragments(d)}
+    sp = split()
+    samples = held_out_samples([PARAGRAPHS], 60, seed=5, kind="form")
+    for s in samples:
+        assert s.held_out == "form" and s.framing in HELD_OUT_FRAMINGS and s.answer in s.fact
+        assert any(all(w in s.fact for w in _fragments(d)) for d in HELD_OUT_DRESSINGS), s.fact
+        family = next(f for f in sp.train_families if f.id == s.family)
+        assert not sp.held_out_wordings(family)  # a training family asked in a training wording

@@ -387,6 +387,33 @@ def test_near_lookups_put_facts_about_near_subjects_beside_the_asked_one_and_ask
     assert lists > 150 * LOOKUP_NEAR_LIST_SHARE * 0.6
 
 
+def test_dressed_lookups_word_facts_in_training_dressings_only():
+    """lookup_dressed: about LOOKUP_DRESSED_SHARE of the facts in a training dressing (a lead, a
+    trailing clause), never in a held-out one; the answer still stands in the chunks."""
+    from training import relations
+    from training.tasks import LOOKUP_DRESSED_SHARE
+
+    _, layout, sampler = _real_text_sampler("lookup_dressed", seed=11)
+
+    def fragments(dressing):
+        return [p.strip(" ,") for half in dressing for p in re.split(r"\{\w+\}", half) if p.strip(" ,")]
+
+    def shows(text, dressing):
+        return all(f in text for f in fragments(dressing))
+
+    dressed = answered = 0
+    for _ in range(120):
+        ex = sampler.sample(4, scoring_share=0.0)
+        text = " ".join(TOK.decode(c) for c in ex.chunks)
+        assert not any(shows(text, d) for d in relations.HELD_OUT_DRESSINGS), text
+        dressed += sum(shows(text, d) for d in relations.TRAIN_DRESSINGS) > 0
+        answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+        if answer != relations.NOT_FOUND:
+            answered += 1
+            assert answer in text
+    assert answered > 80 and dressed > 120 * LOOKUP_DRESSED_SHARE
+
+
 def test_lookup_facts_that_do_not_fit_a_chunk_are_left_out_but_never_the_asked_one(monkeypatch):
     """Long values (a list of long names, say) in one chunk: the distractors that do not fit are
     dropped; the asked fact, placed first, always stands in the chunk."""

@@ -457,11 +457,18 @@ class Fact:
     family: Family
     subject: str
     value: str
+    lead: str = ""  # words before the fact's sentence ("As of 2024, "): see `dress`
+    trail: str = ""  # a clause after its value (", who signed the new berth contract")
 
     @property
     def sentence(self) -> str:
         text = self.family.fact.replace("{S}", self.subject[0].upper() + self.subject[1:])
-        return text.replace("{s}", self.subject).replace("{v}", self.value)
+        text = text.replace("{s}", self.subject).replace("{v}", self.value)
+        if self.trail:
+            text = f"{text[:-1]}{self.trail}{text[-1]}"
+        if self.lead:
+            text = self.lead + (text[0].lower() + text[1:] if text.startswith("The ") else text)
+        return text
 
     def question(self, wording: str) -> str:
         return wording.replace("{s}", self.subject)
@@ -469,6 +476,55 @@ class Fact:
 
 def draw_fact(family: Family, rng: random.Random) -> Fact:
     return Fact(family, subject(family.subject_kind, rng), value(family.value_kind, rng))
+
+
+# ---- how documents word around a fact -----------------------------------------------------------------
+#
+# A family's fact sentence is one form of it; documents add to it: a time or a source before it ("As
+# of 2024, the access code for the north warehouse is 31548."), a clause after its value ("The manager
+# of the old mill is Odile Varga, who signed the new berth contract."). A dressing is such a (lead,
+# trail) pair. The split is by kind: HELD_OUT_DRESSINGS are never trained on, and the `form` held-out
+# set puts training families, asked in training wordings, in them only. Not covered: facts written
+# value first ("Odile Varga is the manager of ..."), which the families' sentences would have to say.
+
+DRESSINGS: tuple[tuple[str, str], ...] = (
+    ("As of {year}, ", ""),
+    ("According to the {month} notice, ", ""),
+    ("At present, ", ""),
+    ("Following the {month} review, ", ""),
+    ("", ", as agreed in {year}"),
+    ("", ", according to the {year} report"),
+    ("", ", {rel} was confirmed in {month}"),
+    ("In {year}, ", ", {rel} was checked on {weekday}"),
+    ("Since {month}, ", ""),
+    ("", " until further notice"),
+    ("", ", {rel} signed the new {thing} contract"),
+    ("For the record, ", ", as the notice at {place} says"),
+)
+HELD_OUT_DRESSINGS = DRESSINGS[-4:]
+TRAIN_DRESSINGS = DRESSINGS[:-4]
+_PERSON_VALUES = ("person", "persons")
+_AGENT_VALUES = _PERSON_VALUES + ("company", "companies")  # what can sign a contract
+_CONTRACTS = "berth|supply|cleaning|lease|catering|security".split("|")
+
+
+def fits(fact: Fact, dressing: tuple[str, str]) -> bool:
+    """Whether the dressing makes sense around the fact: only people and firms sign contracts."""
+    return "signed" not in dressing[1] or fact.family.value_kind in _AGENT_VALUES
+
+
+def dress_some(fact: Fact, dressings: tuple[tuple[str, str], ...], rng: random.Random) -> Fact:
+    """The fact in one of the dressings that fit it (`fits`), drawn."""
+    return dress(fact, rng.choice([d for d in dressings if fits(fact, d)]), rng)
+
+
+def dress(fact: Fact, dressing: tuple[str, str], rng: random.Random) -> Fact:
+    """The fact in a dressing, its blanks drawn ("who" after a person, "which" after anything else)."""
+    blanks = {"year": str(rng.randint(2015, 2026)), "month": rng.choice(_MONTHS), "weekday": rng.choice(_WEEKDAYS),
+              "thing": rng.choice(_CONTRACTS), "place": rng.choice(_PLACES),
+              "rel": "who" if fact.family.value_kind in _PERSON_VALUES else "which"}
+    lead, trail = dressing
+    return dataclasses.replace(fact, lead=lead.format(**blanks), trail=trail.format(**blanks))
 
 
 # ---- lookup samples: facts placed in real text --------------------------------------------------------
@@ -501,16 +557,19 @@ def place_facts(paragraphs: list[str], facts: list[Fact], depths: list[float]) -
 
 def lookup_sample(paragraphs: list[str], families_: list[Family], wordings: dict[str, tuple[str, ...]],
                   framings: tuple[str, ...], rng: random.Random, distractors: int = 2,
-                  answerable: bool = True) -> LookupSample:
+                  answerable: bool = True, dressings: tuple[tuple[str, str], ...] = ()) -> LookupSample:
     """One question about one fact in real text, with `distractors` facts of other families beside it
     (and one of the same family about another subject, so the subject has to be read). Unanswerable:
-    the asked subject is not in the document (its family's facts about other subjects are)."""
+    the asked subject is not in the document (its family's facts about other subjects are).
+    `dressings`: each placed fact is put in one of them (`dress`)."""
     family = rng.choice(families_)
     asked = draw_fact(family, rng)
     same_family_other = draw_fact(family, rng)
     while same_family_other.subject == asked.subject:
         same_family_other = draw_fact(family, rng)
     others = [draw_fact(rng.choice(families_), rng) for _ in range(distractors)]
+    if dressings:
+        asked, same_family_other, *others = (dress_some(f, dressings, rng) for f in (asked, same_family_other, *others))
     placed = ([asked] if answerable else []) + [same_family_other] + others
     depths = [rng.random() for _ in placed]
     wording_text = rng.choice(wordings[family.id])
@@ -527,12 +586,13 @@ def held_out_samples(paragraph_pool: list[list[str]], n: int, seed: int, no_answ
                      kind: str | None = None) -> list[LookupSample]:
     """The held-out lookup set, always in held-out framings. `kind` says what else is new to the model:
     "family" (a held-out family, any wording), "paraphrase" (a training family's held-out
-    paraphrase) or "framing" (a training family in a training wording: only the framing is new);
-    None takes the three in turn."""
+    paraphrase), "framing" (a training family in a training wording: only the framing is new) or
+    "form" (as "framing", the facts in held-out dressings); None takes the first three in turn."""
     sp = split()
+    trained = [(f, sp.train_wordings(f)) for f in sp.train_families if not sp.held_out_wordings(f)]
     pools = {"family": [(f, sp.held_out_wordings(f)) for f in sp.held_out_families],
              "paraphrase": [(f, sp.held_out_wordings(f)) for f in sp.train_families if sp.held_out_wordings(f)],
-             "framing": [(f, sp.train_wordings(f)) for f in sp.train_families if not sp.held_out_wordings(f)]}
+             "framing": trained, "form": trained}
     if kind is not None and kind not in pools:
         raise ValueError(f"unknown held-out kind {kind!r}")
     rng = random.Random(seed)
@@ -541,7 +601,8 @@ def held_out_samples(paragraph_pool: list[list[str]], n: int, seed: int, no_answ
         this = kind or ("family", "paraphrase", "framing")[i % 3]
         pool = pools[this]
         sample = lookup_sample(rng.choice(paragraph_pool), [f for f, _ in pool], {f.id: w for f, w in pool},
-                               sp.held_out_framings, rng, answerable=rng.random() >= no_answer_share)
+                               sp.held_out_framings, rng, answerable=rng.random() >= no_answer_share,
+                               dressings=HELD_OUT_DRESSINGS if this == "form" else ())
         out.append(dataclasses.replace(sample, held_out=this))
     return out
 

@@ -54,12 +54,16 @@ class Layout:
 # A task left out of a weights dict has weight 0 (the tasks added later are 0 by default, so the
 # default stream stays the one the bundled model was first trained on).
 TASK_WEIGHTS = {"niah": 10, "kv_retrieval": 2, "hotpot": 3, "which_document": 2, "lookup": 0, "sentence_qa": 0,
-                "lookup_generated": 0, "text_denoising": 0, "text_mdm": 0, "lookup_near": 0}
+                "lookup_generated": 0, "text_denoising": 0, "text_mdm": 0, "lookup_near": 0,
+                "lookup_dressed": 0}
 LOOKUP_NOT_FOUND_SHARE = 0.15
 # lookup_near asks a list family this share of the time (the table's 7 training list families are
 # 4% of plain lookups; on the held-out sets a list question is the likeliest miss).
 LOOKUP_NEAR_LIST_SHARE = 0.3
 LOOKUP_NEAR_SUBJECTS = (1, 2)  # facts of the asked family about near subjects, fewest and most
+# lookup_dressed words this share of its facts in a training dressing (a lead, a trailing clause):
+# the rest stay in their families' plain sentences, which most documents use.
+LOOKUP_DRESSED_SHARE = 0.6
 # The generated task asks for "not found" never: with a share (measured, see the journal) its
 # refusals, where only the asked relation's phrase is missing, taught the model to answer only
 # questions whose words stand in the fact, and it said "not found" to held-out families and
@@ -324,6 +328,15 @@ class TaskSampler:
         return self._lookup_example(k, family, (family.question, *family.paraphrases), most_others=k - 1,
                                     same_subject_family=same_subject, not_found_share=LOOKUP_GENERATED_NOT_FOUND_SHARE)
 
+    def lookup_dressed(self, k: int) -> Example:
+        """The lookup task with each fact worded as documents word facts around them: a time or a
+        source before it, a clause after its value (`relations.TRAIN_DRESSINGS`; the held-out ones
+        are never used), LOOKUP_DRESSED_SHARE of the facts."""
+        r, sp = self.rng, self.split
+        family = r.choice(sp.train_families)
+        return self._lookup_example(k, family, sp.train_wordings(family), most_others=k,
+                                    dressed_share=LOOKUP_DRESSED_SHARE)
+
     def lookup_near(self, k: int) -> Example:
         """The lookup task made harder where the held-out sets find the model weak: a list family
         LOOKUP_NEAR_LIST_SHARE of the time, and beside the asked fact one or two facts of its family
@@ -337,7 +350,8 @@ class TaskSampler:
 
     def _lookup_example(self, k: int, family: relations.Family, wordings: tuple[str, ...], most_others: int,
                         same_subject_family: relations.Family | None = None,
-                        not_found_share: float = LOOKUP_NOT_FOUND_SHARE, near_subjects: int = 0) -> Example:
+                        not_found_share: float = LOOKUP_NOT_FOUND_SHARE, near_subjects: int = 0,
+                        dressed_share: float = 0.0) -> Example:
         """`family`'s fact (or, a `not_found_share` of the time, "not found"), its other subject,
         `near_subjects` facts of it about subjects sharing a word with the asked one, and up to
         `most_others` facts of training families, in k chunks of real text. The draws keep the
@@ -358,6 +372,10 @@ class TaskSampler:
             facts.append(relations.Fact(same_subject_family, asked.subject,
                                         relations.value(same_subject_family.value_kind, r)))
         facts += [relations.draw_fact(r.choice(sp.train_families), r) for _ in range(r.randint(0, most_others))]
+        if dressed_share:  # (draws only here, so the other lookup tasks keep their streams)
+            facts = [relations.dress_some(f, relations.TRAIN_DRESSINGS, r) if r.random() < dressed_share else f
+                     for f in facts]
+            asked = facts[0] if answerable else asked
         per_chunk: list[list[list[int]]] = [[] for _ in range(k)]
 
         def used(j: int) -> int:

@@ -10,9 +10,11 @@ The split is fixed (`SPLIT_SEED`) and by kind, never by sample:
 - of the other families, `HELD_OUT_PARAPHRASE_SHARE` are trained on their plain question only:
   their paraphrases are held out (the model must carry paraphrasing over from other families);
 - of the framings a question is put in (`FRAMINGS`: "Tell me ...", "Quick question: ..."), the
-  `HELD_OUT_FRAMINGS` are never used in training, for any family.
+  `HELD_OUT_FRAMINGS` are never used in training, for any family;
+- of the dressings a fact is worded in (`DRESSINGS`: "As of 2024, ...", "..., who signed the new
+  berth contract."), the `HELD_OUT_DRESSINGS` are never used in training.
 `split()` gives the families and wordings on each side; `tests/test_relations.py` checks that no
-held-out family, paraphrase or framing can reach a training sample.
+held-out family, paraphrase, framing or dressing can reach a training sample.
 """
 
 from __future__ import annotations

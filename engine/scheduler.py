@@ -9,7 +9,8 @@ contexts run, in shared passes (`engine.method.answer.score_questions`, `static_
 fails, each question runs its own); then its decode steps. At each step the scheduler takes one
 LogitsRequest from every question being decoded, answers the StaticDecoders' together in one
 batched forward (`StaticBatch`: each row over its own chunks and answer; a captured CUDA graph per
-batch size) and any other decoder alone, and hands each question its DecodeStep. A question joins
+batch size), where the rule allows decides their commits in one batched call too
+(`decide_together`), answers any other decoder alone, and hands each question its DecodeStep. A question joins
 between steps, once prepared, and leaves when its answer is settled, so short answers never wait
 for long ones; a question that reads its chunks alone after (AnswerParams.reads_chunks_alone)
 posts its JointAnswer and stays in the batch for the lone readings' steps. Greedy answers are
@@ -39,7 +40,7 @@ from typing import TypeVar
 
 import torch
 
-from engine.decode.loop import DecodeStep, LogitsRequest
+from engine.decode.loop import DecidedStep, DecodeStep, LogitsRequest
 from engine.decode.paged import release_pages
 from engine.decode.static import StaticBatch
 from engine.method.answer import (
@@ -422,7 +423,7 @@ class AnswerScheduler:
         """The prepared question joins the questions being decoded."""
         self._active.append(_Active(submitted, prepared, prepared.steps(self.runner, self.tokenizer)))
 
-    def _advance(self, active: _Active, reply: torch.Tensor | BaseException | None) -> bool:
+    def _advance(self, active: _Active, reply: torch.Tensor | DecidedStep | BaseException | None) -> bool:
         """Runs the question's loop to its next LogitsRequest, posting its other events (steps, the
         joint answer); False once done. An error as the reply is thrown into the loop: it ends the
         question there, or only its lone readings (`PreparedAnswer.steps`)."""
@@ -468,12 +469,11 @@ class AnswerScheduler:
             self.batch_sizes[len(group)] += 1
         if alone:
             self.batch_sizes[1] += len(alone)
-        replies: list[tuple[_Active, torch.Tensor | BaseException]] = []
+        replies: list[tuple[_Active, torch.Tensor | DecidedStep | BaseException]] = []
         for block_length, group in by_block.items():
             batch = self._batches.setdefault(block_length, StaticBatch(self.runner))
             try:
-                logits = batch.slot_logits([a.request for a in group])
-                replies += list(zip(group, logits, strict=True))
+                replies += list(zip(group, batch.step([a.request for a in group]), strict=True))
             except BaseException as exc:  # noqa: BLE001 - a failed batch fails its questions
                 batch.clear()
                 replies += [(a, exc) for a in group]

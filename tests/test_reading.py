@@ -96,17 +96,17 @@ def test_lone_readings_hold_a_copy_of_their_chunks_not_the_documents(engines):
         assert chunk.keys.untyped_storage().nbytes() == chunk.keys.numel() * chunk.keys.element_size()
 
 
-def _failing_after(monkeypatch, owner, calls: int):
-    """`owner.slot_logits` (a decoder's or a batch's) raising out-of-memory from call `calls` + 1 on:
-    the lone readings' first step, after a joint answer of `calls` steps."""
-    real, count = owner.slot_logits, [0]
+def _failing_after(monkeypatch, owner, method: str, calls: int):
+    """`owner.method` (a decoder's `slot_logits`, a batch's `step`) raising out-of-memory from call
+    `calls` + 1 on: the lone readings' first step, after a joint answer of `calls` steps."""
+    real, count = getattr(owner, method), [0]
 
-    def slot_logits(self, *args):
+    def failing(self, *args):
         count[0] += 1
         if count[0] > calls:
             raise torch.OutOfMemoryError("out of memory in a lone reading")
         return real(self, *args)
-    monkeypatch.setattr(owner, "slot_logits", slot_logits)
+    monkeypatch.setattr(owner, method, failing)
 
 
 @pytest.mark.parametrize("driver", ["alone", "scheduler"])
@@ -119,10 +119,10 @@ def test_a_failed_lone_reading_leaves_the_joint_answer_unchecked(engines, monkey
     checked = engine.answer(doc, question, params)
     with monkeypatch.context() as patch:
         if driver == "alone":
-            _failing_after(patch, StaticDecoder, joint.trace.steps)
+            _failing_after(patch, StaticDecoder, "slot_logits", joint.trace.steps)
             result = engine.answer(doc, question, params)
         else:
-            _failing_after(patch, StaticBatch, joint.trace.steps)
+            _failing_after(patch, StaticBatch, "step", joint.trace.steps)
             scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=4)
             try:
                 events = list(scheduler.submit([doc], question, params))

@@ -8,12 +8,15 @@ import pytest
 import torch
 
 from engine.decode.sampling import (
+    RULES_DECIDED_TOGETHER,
     SamplingParams,
     StepPlan,
     answer_is_settled,
     choose_commits,
+    choose_commits_together,
     confidence_scores,
     cut_at_stop,
+    decides_without_noise,
     defer_early_stops,
     dream_timesteps,
     dream_transfer_count,
@@ -21,6 +24,8 @@ from engine.decode.sampling import (
     prediction_rows,
     propose,
     select_above_threshold,
+    select_top_k,
+    step_limit,
     uniform_transfer_schedule,
 )
 
@@ -43,6 +48,53 @@ def test_threshold_decoder_on_known_probabilities():
     chosen, tokens = choose_commits(logits, params, StepPlan(0, 3, 3), None)
     assert chosen.tolist() == [True, False, True]
     assert tokens.tolist() == [0, 0, 2]
+
+
+def _decided_alone(logits: torch.Tensor, params: SamplingParams, plan: StepPlan) -> tuple[list[bool], list[int]]:
+    """The slow reference: the proposal, then the rule's selection over one question's slots."""
+    proposal = propose(logits, 0.0, None, None, None)
+    m = logits.shape[0]
+    if params.decoder == "threshold":
+        chosen = select_above_threshold(proposal.confidence, params.threshold)
+    else:
+        chosen = select_top_k(confidence_scores(proposal, params.decoder, None), int(step_limit(params, plan, m)))
+    return chosen.tolist(), proposal.tokens.tolist()
+
+
+@pytest.mark.parametrize("rule", RULES_DECIDED_TOGETHER)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_steps_decided_together_equal_each_decided_alone(rule, dtype):
+    """Five questions' steps at once, their masked slots scattered over a 7-slot block (padding
+    between them), each at another point of its block: each row commits what the reference
+    commits over its own slots alone."""
+    gen = torch.Generator().manual_seed(5)
+    n, block, vocab = 5, 7, 37
+    params = SamplingParams(decoder=rule, gen_length=14, block_length=7, steps=6, threshold=0.3)
+    logits = (torch.randn(n, block, vocab, generator=gen) * 3).to(dtype)
+    candidates = torch.rand(n, block, generator=gen) < 0.6
+    candidates[:, 3] = True  # every row has one
+    candidates[0] = True  # a full block
+    plans = [StepPlan(i % 3, 3, block) for i in range(n)]
+    limits = torch.tensor([step_limit(params, plan, int(c.sum())) for plan, c in zip(plans, candidates, strict=True)])
+    commit, tokens = choose_commits_together(logits, candidates, rule, limits)
+    assert not commit[~candidates].any()
+    for i in range(n):
+        slots = candidates[i].nonzero()[:, 0]
+        chosen, proposed = _decided_alone(logits[i, slots], params, plans[i])
+        assert commit[i, slots].tolist() == chosen
+        assert tokens[i, slots].tolist() == proposed
+        alone = choose_commits(logits[i, slots], params, plans[i], None)  # the loop's own path
+        assert alone[0].tolist() == chosen and alone[1].tolist() == proposed
+
+
+def test_only_noise_free_rules_are_decided_together():
+    assert decides_without_noise(SamplingParams())
+    assert not decides_without_noise(SamplingParams(temperature=0.5))
+    assert not decides_without_noise(SamplingParams(decoder="random"))
+    assert not decides_without_noise(SamplingParams(decoder="maskgit_plus", alg_temp=0.1))
+    assert not decides_without_noise(SamplingParams(top_k=5))
+    with pytest.raises(ValueError, match="not decided without noise"):
+        choose_commits_together(torch.zeros(1, 2, 3), torch.ones(1, 2, dtype=torch.bool), "origin", torch.ones(1))
 
 
 def test_uniform_schedule_counts():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import AnswerParams, SamplingParams
-from engine.decode.loop import DecodeStep, decode_blocks
+from engine.decode.loop import DecidedStep, DecodeStep, LogitsRequest, decode_blocks, run_blocks
 from engine.decode.static import StaticBatch
 from engine.method.answer import AnswerResult, prepare_answer
 from engine.scheduler import AnswerScheduler, FairTurns, QueueFull
@@ -42,6 +42,57 @@ def test_batched_step_logits_match_each_decoder_alone(engines, family):
         alone = request.decoder.slot_logits(request.block, request.answer, request.slots)
         assert logits.shape == alone.shape
         torch.testing.assert_close(logits, alone, atol=2e-5, rtol=1e-4)  # fp32 on the CPU
+
+
+def _drive_together(runner, loops) -> list:
+    """Steps the loops as the scheduler does: one `StaticBatch.step` for all still decoding, each
+    question leaving once done; returns their outcomes and how many decisions were batched."""
+    batch, outcomes, decided = StaticBatch(runner), [None] * len(loops), 0
+    requests = {i: next(loop) for i, loop in enumerate(loops)}
+    while requests:
+        order = list(requests)
+        replies = batch.step([requests[i] for i in order])
+        decided += sum(isinstance(r, DecidedStep) for r in replies)
+        for i, reply in zip(order, replies, strict=True):
+            item = loops[i].send(reply)
+            try:
+                while not isinstance(item, LogitsRequest):
+                    item = loops[i].send(None)
+                requests[i] = item
+            except StopIteration as done:
+                outcomes[i] = done.value
+                del requests[i]
+    batch.clear()
+    return outcomes, decided
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
+def test_steps_decided_in_one_batch_equal_each_question_alone(engines, family):
+    """Questions of every noise-free rule, several commits a step (two blocks each; a low threshold,
+    scheduled rules over half the slots' steps), and one sampled question whose step is its own,
+    stepped in one batch: each answer and step count is the question's alone."""
+    engine = engines[family]
+    runner = engine.runner
+    rules = [dict(decoder="threshold", threshold=0.05), dict(decoder="low_confidence", steps=8),
+             dict(decoder="maskgit_plus", steps=8), dict(decoder="topk_margin", steps=8),
+             dict(decoder="entropy", steps=8), dict(decoder="low_confidence", steps=8, temperature=0.7)]
+    docs = _documents(engine, len(rules))
+    prepared = [prepare_answer(runner, engine.tokenizer, [doc], f"Which berth is number {i}?", _params(**rule))
+                for i, (doc, rule) in enumerate(zip(docs, rules, strict=True))]
+    outcomes, decided = _drive_together(
+        runner, [decode_blocks(p.decoder, runner.cfg, p.sampling, p.generator, runner.device) for p in prepared])
+    assert decided > 0
+    for i, (doc, rule) in enumerate(zip(docs, rules, strict=True)):
+        again = prepare_answer(runner, engine.tokenizer, [doc], f"Which berth is number {i}?", _params(**rule))
+        steps = run_blocks(again.decoder, runner.cfg, again.sampling, again.generator, runner.device)
+        try:
+            while True:
+                next(steps)
+        except StopIteration as done:
+            alone = done.value
+        assert outcomes[i].canvas == alone.canvas, rule
+        assert outcomes[i].steps == alone.steps, rule
+    assert any(o.steps < 16 for o in outcomes[:-1])  # some steps committed several slots
 
 
 def test_a_batch_keeps_rows_as_questions_come_and_go(engines):

@@ -24,9 +24,12 @@ from engine.decode.sampling import (
     StepPlan,
     answer_is_settled,
     choose_commits,
+    choose_commits_together,
     cut_at_stop,
+    decides_without_noise,
     defer_early_stops,
     prediction_rows,
+    step_limit,
 )
 from engine.model.config import ModelConfig
 from engine.runner import Runner
@@ -67,12 +70,72 @@ class Decoder(Protocol):
 class LogitsRequest:
     """What a decoding loop needs before its next step: the logits [M, V] of `slots` ([M], 0-based
     in the answer) of `block`, from `decoder`. Whoever drives `decode_blocks` answers it, alone
-    (`run_blocks`) or batched with other questions' requests (`engine.scheduler`)."""
+    (`run_blocks`) or batched with other questions' requests (`engine.scheduler`); a driver may
+    instead decide the step itself where `decided_together` (`decide_together`)."""
 
     decoder: Decoder
     block: int
     answer: torch.Tensor  # [gen_length] long, on the device
     slots: torch.Tensor  # [M] long
+    masked: tuple[int, ...]  # the same slots, on the host
+    params: SamplingParams
+    plan: StepPlan
+
+    @property
+    def decided_together(self) -> bool:
+        """Whether a driver may answer with a DecidedStep: the rule needs no generator and no
+        look at the host canvas (`end_after_text` does)."""
+        return decides_without_noise(self.params) and not self.params.end_after_text
+
+
+@dataclass(frozen=True)
+class DecidedStep:
+    """A driver's answer to a LogitsRequest whose step it decided (with other questions' steps,
+    `decide_together`): per masked slot whether it is committed and its token. The driver has
+    written the committed tokens into the request's answer tensor."""
+
+    commit: list[bool]
+    tokens: list[int]
+
+
+def decide_together(requests: list[LogitsRequest], logits: torch.Tensor) -> list[DecidedStep]:
+    """The steps of several questions decided at once: one batched decision per rule, each answer
+    written in one copy, one synchronisation for all (alone, each question costs a dozen small
+    launches and a synchronisation of its own).
+
+    requests: all `decided_together`, of one block length S; logits: [N, S, V], row n's slot j
+    predicting slot j of request n's block (a shifted model's anchor already in slot 0). Each
+    DecidedStep is what `choose_commits` gives the request alone.
+    """
+    n, block_length = logits.shape[:2]
+    device = logits.device
+    decisions = []  # (rows, commit [n, S], tokens [n, S]) per rule
+    for rule in dict.fromkeys(r.params.decoder for r in requests):
+        rows = [i for i, r in enumerate(requests) if r.params.decoder == rule]
+        candidates = torch.zeros(len(rows), block_length, dtype=torch.bool)
+        for j, i in enumerate(rows):
+            lo = requests[i].block * block_length
+            candidates[j, [p - lo for p in requests[i].masked]] = True
+        limits = torch.tensor([step_limit(requests[i].params, requests[i].plan, len(requests[i].masked))
+                               for i in rows], dtype=torch.float32)
+        picked = logits if len(rows) == n else logits[rows]
+        decisions.append((rows, *choose_commits_together(picked, candidates.to(device), rule, limits.to(device))))
+    if len(decisions) == 1:
+        _, commit, tokens = decisions[0]
+    else:
+        order = torch.tensor([i for rows, _, _ in decisions for i in rows], device=device).argsort()
+        commit = torch.cat([c for _, c, _ in decisions])[order]
+        tokens = torch.cat([t for _, _, t in decisions])[order]
+    blocks = [r.answer[r.block * block_length:(r.block + 1) * block_length] for r in requests]  # views
+    for block, new in zip(blocks, torch.where(commit, tokens, torch.stack(blocks)), strict=True):
+        block.copy_(new)
+    decided = torch.stack((commit.long(), tokens)).tolist()  # the step's one synchronisation
+    steps = []
+    for i, r in enumerate(requests):
+        lo = r.block * block_length
+        steps.append(DecidedStep([bool(decided[0][i][p - lo]) for p in r.masked],
+                                 [decided[1][i][p - lo] for p in r.masked]))
+    return steps
 
 
 def decode_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
@@ -98,18 +161,21 @@ def decode_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
         step_in_block = 0
         while masked:
             slots = torch.tensor(masked, device=device)  # [M]
-            logits = yield LogitsRequest(decoder, block, answer, slots)
             plan = StepPlan(step_in_block, params.steps_per_block, masked_at_start)
-            chosen, tokens = choose_commits(logits, params, plan, generator)
-            if params.end_after_text:  # decided on the host: the rule walks the slots in order
-                commit, new = torch.stack((chosen.long(), tokens)).tolist()
-                commit = defer_early_stops(masked, [bool(c) for c in commit], new, canvas, mask_id,
-                                           cfg.stop_token_ids)
-                chosen = torch.tensor(commit, device=device)
-                answer[slots] = torch.where(chosen, tokens, answer[slots])
+            reply = yield LogitsRequest(decoder, block, answer, slots, tuple(masked), params, plan)
+            if isinstance(reply, DecidedStep):  # decided, and written, by the driver
+                commit, new = reply.commit, reply.tokens
             else:
-                answer[slots] = torch.where(chosen, tokens, answer[slots])
-                commit, new = torch.stack((chosen.long(), tokens)).tolist()  # the step's one synchronisation
+                chosen, tokens = choose_commits(reply, params, plan, generator)
+                if params.end_after_text:  # decided on the host: the rule walks the slots in order
+                    commit, new = torch.stack((chosen.long(), tokens)).tolist()
+                    commit = defer_early_stops(masked, [bool(c) for c in commit], new, canvas, mask_id,
+                                               cfg.stop_token_ids)
+                    chosen = torch.tensor(commit, device=device)
+                    answer[slots] = torch.where(chosen, tokens, answer[slots])
+                else:
+                    answer[slots] = torch.where(chosen, tokens, answer[slots])
+                    commit, new = torch.stack((chosen.long(), tokens)).tolist()  # the step's one synchronisation
             positions = tuple(p for p, c in zip(masked, commit, strict=True) if c)
             committed = tuple(t for t, c in zip(new, commit, strict=True) if c)
             for pos, tok in zip(positions, committed, strict=True):

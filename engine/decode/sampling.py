@@ -191,6 +191,64 @@ class StepPlan:
     masked_at_block_start: int
 
 
+# Rules whose decision is a function of the logits alone at temperature 0 (no generator drawn
+# from): several questions' steps can then be decided in one batched call.
+RULES_DECIDED_TOGETHER = ("threshold", "low_confidence", "maskgit_plus", "topk_margin", "entropy")
+
+
+def decides_without_noise(params: SamplingParams) -> bool:
+    """Whether a step's commits depend on the logits alone (greedy tokens, no sampled ranking or
+    filter), so that `choose_commits_together` decides them."""
+    return (params.temperature == 0 and params.top_k is None and params.top_p is None
+            and not params.alg_temp and params.decoder in RULES_DECIDED_TOGETHER)
+
+
+def step_limit(params: SamplingParams, plan: StepPlan, masked: int) -> float:
+    """The step's bound for `choose_commits_together`: the confidence threshold ("threshold"),
+    else how many of the `masked` slots the ranked rule commits (all of them on a block's last
+    step)."""
+    if params.decoder == "threshold":
+        return params.threshold
+    if plan.step_in_block >= plan.steps_in_block - 1:
+        return masked
+    if params.decoder in SCHEDULED:
+        return uniform_transfer_schedule(plan.masked_at_block_start, plan.steps_in_block)[plan.step_in_block]
+    ts = dream_timesteps(plan.steps_in_block, params.eps)
+    t, s = float(ts[plan.step_in_block]), float(ts[plan.step_in_block + 1])
+    return dream_transfer_count(masked, t, s, False)
+
+
+def choose_commits_together(logits: torch.Tensor, candidates: torch.Tensor, rule: str, limits: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One greedy denoising decision for each of N rows (questions) at once.
+
+    logits: [N, M, V], row n's slot m predicting its m-th candidate slot; candidates: [N, M] bool,
+    False for padding (every row has at least one candidate); rule: one of RULES_DECIDED_TOGETHER;
+    limits: [N] fp32, each row's `step_limit`. Returns (commit bool [N, M], tokens long [N, M]):
+    per row what `choose_commits` decides over its candidates alone (top-k ties aside: broken
+    towards the earlier slot here).
+    """
+    probs = torch.softmax(logits.float(), dim=-1)  # [N, M, V]
+    tokens = probs.argmax(dim=-1)  # argmax of the logits: softmax keeps their order
+    if rule in ("threshold", "low_confidence", "maskgit_plus"):
+        score = probs.gather(-1, tokens[..., None])[..., 0]
+    elif rule == "topk_margin":
+        top2 = torch.topk(probs, 2, dim=-1).values
+        score = top2[..., 0] - top2[..., 1]
+    elif rule == "entropy":
+        score = (probs * torch.log(probs + 1e-10)).sum(dim=-1)  # negative entropy
+    else:
+        raise ValueError(f"{rule!r} is not decided without noise; choose from {', '.join(RULES_DECIDED_TOGETHER)}")
+    score = score.masked_fill(~candidates, float("-inf"))  # [N, M]
+    if rule == "threshold":  # above the threshold, and always each row's most confident candidate
+        commit = candidates & (score >= limits[:, None])
+        return commit.scatter(1, score.argmax(dim=1, keepdim=True), True), tokens
+    order = torch.sort(score, dim=1, descending=True, stable=True).indices
+    places = torch.arange(order.shape[1], device=order.device).expand_as(order)
+    ranks = torch.empty_like(order).scatter_(1, order, places)  # [N, M]: 0 = the most confident
+    return candidates & (ranks < limits[:, None]), tokens
+
+
 def choose_commits(logits: torch.Tensor, params: SamplingParams, plan: StepPlan,
                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """One denoising decision over the M still-masked slots of the active block.
@@ -199,6 +257,11 @@ def choose_commits(logits: torch.Tensor, params: SamplingParams, plan: StepPlan,
     tokens where commit is True are to be written.
     """
     m = logits.shape[0]
+    if decides_without_noise(params):  # one definition with the batched decision
+        limits = torch.tensor([step_limit(params, plan, m)], device=logits.device)
+        candidates = torch.ones(1, m, dtype=torch.bool, device=logits.device)
+        commit, tokens = choose_commits_together(logits[None], candidates, params.decoder, limits)
+        return commit[0], tokens[0]
     proposal = propose(logits, params.temperature, params.top_k, params.top_p, generator)
     decoder = params.decoder
     is_last = plan.step_in_block >= plan.steps_in_block - 1

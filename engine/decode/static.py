@@ -18,7 +18,7 @@ import torch
 
 from engine.attention import attention_probs, full_mask
 from engine.cuda_graphs import ANSWER_GRAPHS, GraphedCall, kept_pool
-from engine.decode.loop import block_logits, slot_logits_from_rows
+from engine.decode.loop import DecidedStep, block_logits, decide_together, slot_logits_from_rows
 from engine.decode.sampling import prediction_rows
 from engine.method.kv_cache import flatten_chunks, gather_kept_tokens, place_chunks
 from engine.method.prompting import QuestionPrompt
@@ -511,10 +511,35 @@ class StaticBatch:
             self._step = step
         return step
 
-    @torch.inference_mode()
     def slot_logits(self, requests: list) -> list[torch.Tensor]:
         """For each LogitsRequest (all of StaticDecoders with one block length that `accepts`), the
         logits [M, V] its decoder's `slot_logits` gives alone, from one forward of all of them."""
+        return self.step(requests, decide=False)
+
+    @torch.inference_mode()
+    def step(self, requests: list, decide: bool = True) -> list[torch.Tensor | DecidedStep]:
+        """The requests' step from one forward of all of them: where `decide`, the steps of those
+        `decided_together` decided and written at once (`decide_together`); logits for the others."""
+        logits, rows = self._forward(requests)  # [rows, S, V]
+        shifted, block_length = self.runner.cfg.logits_shifted, requests[0].decoder.block_length
+        together = [i for i, r in enumerate(requests) if decide and r.decided_together]
+        out: dict[int, DecidedStep] = {}
+        if together:
+            picked = logits[[rows[i] for i in together]]  # [n, S, V], a copy
+            anchored = [j for j, i in enumerate(together) if requests[i].decoder.ctx.anchor_logits is not None
+                        and requests[i].masked[0] == requests[i].block * block_length]
+            if shifted and anchored:  # a masked slot 0 is predicted by the row before the block
+                picked[anchored, 0] = torch.stack(
+                    [requests[together[j]].decoder.ctx.anchor_logits for j in anchored]).to(picked.dtype)
+            out = dict(zip(together, decide_together([requests[i] for i in together], picked), strict=True))
+        return [out[i] if i in out else slot_logits_from_rows(
+                    logits[row, r.slots - r.block * block_length], r.slots - r.block * block_length,
+                    r.decoder.ctx.anchor_logits, shifted)
+                for i, (r, row) in enumerate(zip(requests, rows, strict=True))]
+
+    def _forward(self, requests: list) -> tuple[torch.Tensor, list[int]]:
+        """The batched block forward of the requests: logits [rows, block, V] (overwritten by the
+        next forward) and each request's row."""
         decoders: list[StaticDecoder] = [r.decoder for r in requests]
         block_length = decoders[0].block_length
         if any(d.block_length != block_length for d in decoders):
@@ -530,10 +555,6 @@ class StaticBatch:
                                                                                           strict=True)])
         positions = (starts[:, None] + torch.arange(block_length)).to(self.runner.device)  # [N, block]
         logits = step(rows, ids, positions)
-        shifted = self.runner.cfg.logits_shifted
-        out = []
-        for r, d, row in zip(requests, decoders, rows, strict=True):
+        for d in decoders:
             d.forward_passes += 1
-            local = r.slots - r.block * block_length
-            out.append(slot_logits_from_rows(logits[row, local], local, d.ctx.anchor_logits, shifted))
-        return out
+        return logits, rows

@@ -26,7 +26,7 @@ from engine.method.answer import prepare_answer
 from engine.method.prefill import prefill_document
 from engine.model.weights import random_model
 from engine.runner import Runner
-from tools.bench import BENCH_SCORING, SHAPES, _sync, random_question
+from tools.bench import BENCH_SCORING, SHAPES, random_question
 
 
 def main() -> None:
@@ -89,6 +89,11 @@ def main() -> None:
               f"(sampling and commit, or its host bookkeeping) {own_s * 50:.2f} ms a step", flush=True)
     if device.type == "cuda":
         print(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _next_request(loop, reply):

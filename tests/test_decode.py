@@ -10,7 +10,8 @@ import torch
 
 from engine import Engine, SamplingParams
 from engine.decode.baselines import DenseDecoder, FastDLLMDecoder, dense_decode
-from engine.decode.loop import DecodeStep
+from engine.decode.loop import DecodeStep, LogitsRequest, decide_together, slot_logits_from_rows
+from engine.decode.sampling import StepPlan, choose_commits
 from engine.engine import GenerationResult
 from tests.test_parity_hf import hf_logits, hf_reference
 
@@ -165,3 +166,36 @@ def test_fastdllm_first_block_step_matches_dense(engines):
         a = fast.slot_logits(0, answer, torch.arange(8))
         b = DenseDecoder(engine.runner, prompt).slot_logits(0, answer, torch.arange(8))
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shifted", [False, True])
+def test_steps_decided_together_are_each_request_alone_whatever_its_row(shifted):
+    """Four questions of three rules in rows 4, 0, 5 and 2 of a six-row block forward, their
+    second block partly committed (slot 0 masked in some, an anchor missing in one): each decision,
+    and what is written into each answer, is the request's own `choose_commits` over its rows."""
+    gen = torch.Generator().manual_seed(3)
+    block, vocab, mask_id = 5, 23, 22
+    block_logits = torch.randn(6, block, vocab, generator=gen) * 3  # [R, S, V]
+    rules = [SamplingParams(decoder="threshold", threshold=0.2, gen_length=10, block_length=5),
+             SamplingParams(decoder="low_confidence", gen_length=10, block_length=5, steps=8),
+             SamplingParams(decoder="maskgit_plus", gen_length=10, block_length=5, steps=8),
+             SamplingParams(decoder="threshold", threshold=0.6, gen_length=10, block_length=5)]
+    masked = [(5, 6, 7, 8, 9), (6, 8, 9), (5, 9), (7,)]
+    rows, anchors = [4, 0, 5, 2], [torch.randn(vocab, generator=gen) for _ in range(3)] + [None]
+    requests = []
+    for params, slots in zip(rules, masked, strict=True):
+        answer = torch.randint(0, 20, (10,), generator=gen)
+        answer[list(slots)] = mask_id
+        requests.append(LogitsRequest(None, 1, answer, torch.tensor(slots), slots, params,
+                                      StepPlan(1, 4, 5)))
+    before = [r.answer.clone() for r in requests]
+    decided = decide_together(requests, block_logits, rows, anchors, shifted)
+    for r, d, row, anchor, old in zip(requests, decided, rows, anchors, before, strict=True):
+        local = r.slots - 5
+        alone = slot_logits_from_rows(block_logits[row, local], local, anchor, shifted)
+        commit, tokens = choose_commits(alone, r.params, r.plan, None)
+        assert d.commit == commit.tolist() and d.tokens == tokens.tolist()
+        expected = old.clone()
+        expected[r.slots[commit]] = tokens[commit]
+        assert torch.equal(r.answer, expected)
+    assert any(any(d.commit) and not all(d.commit) for d in decided)  # some commit part of their slots

@@ -51,13 +51,21 @@ def test_threshold_decoder_on_known_probabilities():
 
 
 def _decided_alone(logits: torch.Tensor, params: SamplingParams, plan: StepPlan) -> tuple[list[bool], list[int]]:
-    """The slow reference: the proposal, then the rule's selection over one question's slots."""
+    """The slow reference: the proposal, then the rule's selection over one question's slots, its
+    count from the schedules themselves."""
     proposal = propose(logits, 0.0, None, None, None)
     m = logits.shape[0]
+    last = plan.step_in_block == plan.steps_in_block - 1
     if params.decoder == "threshold":
         chosen = select_above_threshold(proposal.confidence, params.threshold)
     else:
-        chosen = select_top_k(confidence_scores(proposal, params.decoder, None), int(step_limit(params, plan, m)))
+        if params.decoder == "low_confidence":
+            schedule = uniform_transfer_schedule(plan.masked_at_block_start, plan.steps_in_block)
+            k = m if last else schedule[plan.step_in_block]
+        else:
+            ts = dream_timesteps(plan.steps_in_block, params.eps)
+            k = dream_transfer_count(m, float(ts[plan.step_in_block]), float(ts[plan.step_in_block + 1]), last)
+        chosen = select_top_k(confidence_scores(proposal, params.decoder, None), k)
     return chosen.tolist(), proposal.tokens.tolist()
 
 
@@ -74,7 +82,7 @@ def test_steps_decided_together_equal_each_decided_alone(rule, dtype):
     candidates = torch.rand(n, block, generator=gen) < 0.6
     candidates[:, 3] = True  # every row has one
     candidates[0] = True  # a full block
-    plans = [StepPlan(i % 3, 3, block) for i in range(n)]
+    plans = [StepPlan(i % 3, 3, block) for i in range(n)]  # first, middle and last steps of a block
     limits = torch.tensor([step_limit(params, plan, int(c.sum())) for plan, c in zip(plans, candidates, strict=True)])
     commit, tokens = choose_commits_together(logits, candidates, rule, limits)
     assert not commit[~candidates].any()
@@ -85,6 +93,24 @@ def test_steps_decided_together_equal_each_decided_alone(rule, dtype):
         assert tokens[i, slots].tolist() == proposed
         alone = choose_commits(logits[i, slots], params, plans[i], None)  # the loop's own path
         assert alone[0].tolist() == chosen and alone[1].tolist() == proposed
+
+
+@pytest.mark.parametrize("rule", ["low_confidence", "maskgit_plus"])
+def test_equal_confidences_commit_the_earlier_slots_first(rule):
+    """Slots all predicted with certainty (an end token's rows, often, in bf16): a ranked rule's k
+    commits go to the first k, alone and batched alike, whatever the padding beside them."""
+    logits = torch.full((2, 6, 5), -40.0)
+    logits[..., 1] = 40.0  # p(x0) = 1.0 in fp32 for every slot
+    candidates = torch.tensor([[True] * 6, [False, True, False, True, True, True]])
+    params = SamplingParams(decoder=rule, gen_length=6, block_length=6, steps=3)
+    plan = StepPlan(0, 3, 6)
+    k = [int(step_limit(params, plan, int(c.sum()))) for c in candidates]
+    assert k[0] >= 1 and k[1] >= 1
+    commit, _ = choose_commits_together(logits, candidates, rule, torch.tensor(k, dtype=torch.float32))
+    assert commit[0].tolist() == [i < k[0] for i in range(6)]
+    assert commit[1].nonzero()[:, 0].tolist() == [1, 3, 4, 5][:k[1]]
+    alone, _ = choose_commits(logits[0], params, plan, None)
+    assert alone.tolist() == commit[0].tolist()
 
 
 def test_only_noise_free_rules_are_decided_together():

@@ -98,52 +98,62 @@ class DecidedStep:
     tokens: list[int]
 
 
-def decide_together(requests: list[LogitsRequest], logits: torch.Tensor) -> list[DecidedStep]:
-    """The steps of several questions decided at once: one batched decision per rule, each answer
-    written in one copy, one synchronisation for all (alone, each question costs a dozen small
-    launches and a synchronisation of its own).
+def decide_together(requests: list[LogitsRequest], block_logits: torch.Tensor, rows: list[int],
+                    anchors: list[torch.Tensor | None], shifted: bool) -> list[DecidedStep]:
+    """The steps of several questions decided at once from a batched block forward: one batched
+    decision per rule over the masked slots, the answers written in one batched copy, one
+    synchronisation for all (alone, each question costs a dozen small launches and a
+    synchronisation of its own).
 
-    requests: all `decided_together`, of one block length S; logits: [N, S, V], row n's slot j
-    predicting slot j of request n's block (a shifted model's anchor already in slot 0). Each
-    DecidedStep is what `choose_commits` gives the request alone.
+    requests: all `decided_together`, of one block length S; block_logits: [R, S, V], row `rows[n]`'s
+    slot j predicting slot j of request n's block (for a shifted model slot 0 takes `anchors[n]`,
+    [V], as in `slot_logits_from_rows`). Each DecidedStep is what `choose_commits` gives the request
+    alone.
     """
-    n, block_length = logits.shape[:2]
-    device = logits.device
-    decisions = []  # (rows, commit [n, S], tokens [n, S]) per rule
-    for rule in dict.fromkeys(r.params.decoder for r in requests):
-        rows = [i for i, r in enumerate(requests) if r.params.decoder == rule]
-        candidates = torch.zeros(len(rows), block_length, dtype=torch.bool)
-        for j, i in enumerate(rows):
-            lo = requests[i].block * block_length
-            candidates[j, [p - lo for p in requests[i].masked]] = True
-        limits = torch.tensor([step_limit(requests[i].params, requests[i].plan, len(requests[i].masked))
-                               for i in rows], dtype=torch.float32)
-        picked = logits if len(rows) == n else logits[rows]
-        decisions.append((rows, *choose_commits_together(picked, candidates.to(device), rule, limits.to(device))))
-    if len(decisions) == 1:
-        _, commit, tokens = decisions[0]
-    else:
-        order = torch.tensor([i for rows, _, _ in decisions for i in rows], device=device).argsort()
-        commit = torch.cat([c for _, c, _ in decisions])[order]
-        tokens = torch.cat([t for _, _, t in decisions])[order]
-    blocks = [r.answer[r.block * block_length:(r.block + 1) * block_length] for r in requests]  # views
-    for block, new in zip(blocks, torch.where(commit, tokens, torch.stack(blocks)), strict=True):
-        block.copy_(new)
-    decided = torch.stack((commit.long(), tokens)).tolist()  # the step's one synchronisation
-    steps = []
+    device, block_length = block_logits.device, block_logits.shape[1]
+    width = max(len(r.masked) for r in requests)
+    # [N, width] block slots of each request's masked ones, a row padded with its first masked slot
+    # (a pad is not a candidate, and is given that slot's decision below, so it writes the same).
+    index = torch.empty(len(requests), width, dtype=torch.long)
+    candidates = torch.zeros(len(requests), width, dtype=torch.bool)
     for i, r in enumerate(requests):
-        lo = r.block * block_length
-        steps.append(DecidedStep([bool(decided[0][i][p - lo]) for p in r.masked],
-                                 [decided[1][i][p - lo] for p in r.masked]))
-    return steps
+        local = [p - r.block * block_length for p in r.masked]
+        index[i] = torch.tensor(local + local[:1] * (width - len(local)))
+        candidates[i, :len(local)] = True
+    index, candidates = index.to(device), candidates.to(device)
+    logits = block_logits[torch.tensor(rows, device=device)[:, None], index]  # [N, width, V]
+    if shifted and any(r.masked[0] == r.block * block_length for r in requests):
+        stacked = torch.stack([a if a is not None else block_logits[row, 0]  # no anchor: the row's own
+                               for a, row in zip(anchors, rows, strict=True)])  # [N, V]
+        logits = slot_logits_from_rows(logits, index, stacked, shifted)
+    limits = torch.tensor([step_limit(r.params, r.plan, len(r.masked)) for r in requests], dtype=torch.float32)
+    rules = list(dict.fromkeys(r.params.decoder for r in requests))
+    if len(rules) == 1:
+        commit, tokens = choose_commits_together(logits, candidates, rules[0], limits.to(device))
+    else:  # questions of several rules in one batch: a decision per rule, put back in request order
+        groups = [[i for i, r in enumerate(requests) if r.params.decoder == rule] for rule in rules]
+        parts = [choose_commits_together(logits[g], candidates[g], rule, limits[g].to(device))
+                 for rule, g in zip(rules, groups, strict=True)]
+        order = torch.tensor([i for g in groups for i in g], device=device).argsort()
+        commit = torch.cat([c for c, _ in parts])[order]
+        tokens = torch.cat([t for _, t in parts])[order]
+    commit = torch.where(candidates, commit, commit[:, :1])
+    blocks = [r.answer[r.block * block_length:(r.block + 1) * block_length] for r in requests]  # views
+    current = torch.stack(blocks)  # [N, S]
+    written = current.scatter(1, index, torch.where(commit, tokens, current.gather(1, index)))
+    torch._foreach_copy_(blocks, list(written.unbind(0)))  # one launch for all the answers on CUDA
+    decided = torch.stack((commit.long(), tokens)).tolist()  # the step's one synchronisation
+    return [DecidedStep([bool(c) for c in decided[0][i][:len(r.masked)]], decided[1][i][:len(r.masked)])
+            for i, r in enumerate(requests)]
 
 
 def decode_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
                   generator: torch.Generator | None, device: torch.device
-                  ) -> Generator[LogitsRequest | DecodeStep, torch.Tensor | None, DecodeOutcome]:
+                  ) -> Generator[LogitsRequest | DecodeStep, torch.Tensor | DecidedStep | None, DecodeOutcome]:
     """Decodes `params.gen_length` answer slots block by block with `params.decoder`.
 
-    Before each step it yields a LogitsRequest and takes the logits sent back; after it, the
+    Before each step it yields a LogitsRequest and takes the logits sent back, or the DecidedStep of
+    a driver that decided the step and wrote the answer itself (`decide_together`); after it, the
     DecodeStep (send None to go on). The decoder's `block_start` and `block_done` run inside.
     The canvas lives on the device (the decoders read it) and is mirrored on the host; each step
     synchronises once, to copy back which slots it committed. Everything the loop decides from
@@ -162,8 +172,10 @@ def decode_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
         while masked:
             slots = torch.tensor(masked, device=device)  # [M]
             plan = StepPlan(step_in_block, params.steps_per_block, masked_at_start)
-            reply = yield LogitsRequest(decoder, block, answer, slots, tuple(masked), params, plan)
+            request = LogitsRequest(decoder, block, answer, slots, tuple(masked), params, plan)
+            reply = yield request
             if isinstance(reply, DecidedStep):  # decided, and written, by the driver
+                assert request.decided_together, "a step decided outside the loop for a rule that needs it"
                 commit, new = reply.commit, reply.tokens
             else:
                 chosen, tokens = choose_commits(reply, params, plan, generator)
@@ -242,8 +254,8 @@ def block_logits(runner: Runner, ids: torch.Tensor, positions: torch.Tensor, mas
 
 def slot_logits_from_rows(logits: torch.Tensor, slots: torch.Tensor, anchor: torch.Tensor | None,
                           shifted: bool) -> torch.Tensor:
-    """logits [M, V] of the block rows that predict `slots` ([M], 0-based in the block); for a
-    shifted model slot 0 takes the anchor ([V], the row before the block) instead."""
+    """logits [..., M, V] of the block rows that predict `slots` ([..., M], 0-based in the block); for
+    a shifted model slot 0 takes the anchor ([..., V], the row before the block) instead."""
     if not shifted or anchor is None:
         return logits
-    return torch.where((slots == 0)[:, None], anchor[None], logits)
+    return torch.where((slots == 0)[..., None], anchor.unsqueeze(-2), logits)

@@ -222,14 +222,15 @@ def choose_commits_together(logits: torch.Tensor, candidates: torch.Tensor, rule
                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """One greedy denoising decision for each of N rows (questions) at once.
 
-    logits: [N, M, V], row n's slot m predicting its m-th candidate slot; candidates: [N, M] bool,
-    False for padding (every row has at least one candidate); rule: one of RULES_DECIDED_TOGETHER;
-    limits: [N] fp32, each row's `step_limit`. Returns (commit bool [N, M], tokens long [N, M]):
-    per row what `choose_commits` decides over its candidates alone (top-k ties aside: broken
-    towards the earlier slot here).
+    logits: [N, M, V], row n's m-th slot predicting a slot of question n (in ascending slot order
+    among its candidates); candidates: [N, M] bool, False for padding (every row has at least one
+    candidate); rule: one of RULES_DECIDED_TOGETHER; limits: [N] fp32, each row's `step_limit`.
+    Returns (commit bool [N, M], tokens long [N, M]): per row what `choose_commits` decides over
+    its candidates alone; equal scores rank the earlier slot first.
     """
-    probs = torch.softmax(logits.float(), dim=-1)  # [N, M, V]
-    tokens = probs.argmax(dim=-1)  # argmax of the logits: softmax keeps their order
+    logits = logits.float()
+    tokens = logits.argmax(dim=-1)  # [N, M]
+    probs = torch.softmax(logits, dim=-1)  # [N, M, V]
     if rule in ("threshold", "low_confidence", "maskgit_plus"):
         score = probs.gather(-1, tokens[..., None])[..., 0]
     elif rule == "topk_margin":
@@ -258,30 +259,24 @@ def choose_commits(logits: torch.Tensor, params: SamplingParams, plan: StepPlan,
     """
     m = logits.shape[0]
     if decides_without_noise(params):  # one definition with the batched decision
-        limits = torch.tensor([step_limit(params, plan, m)], device=logits.device)
+        limits = torch.tensor([step_limit(params, plan, m)], dtype=torch.float32, device=logits.device)
         candidates = torch.ones(1, m, dtype=torch.bool, device=logits.device)
         commit, tokens = choose_commits_together(logits[None], candidates, params.decoder, limits)
         return commit[0], tokens[0]
     proposal = propose(logits, params.temperature, params.top_k, params.top_p, generator)
     decoder = params.decoder
-    is_last = plan.step_in_block >= plan.steps_in_block - 1
     if decoder == "threshold":
         chosen = select_above_threshold(proposal.confidence, params.threshold)
-    elif decoder in SCHEDULED:
-        schedule = uniform_transfer_schedule(plan.masked_at_block_start, plan.steps_in_block)
-        k = m if is_last else schedule[plan.step_in_block]
-        chosen = select_top_k(confidence_scores(proposal, decoder, generator), k)
-    else:
+    elif decoder == "origin":
         ts = dream_timesteps(plan.steps_in_block, params.eps)
         t, s = float(ts[plan.step_in_block]), float(ts[plan.step_in_block + 1])
-        if decoder == "origin":
-            chosen = torch.rand(m, generator=generator, device=logits.device) < (1 - s / t)
-            if is_last:
-                chosen[:] = True
-        else:
-            k = dream_transfer_count(m, t, s, is_last)
-            chosen = select_top_k(confidence_scores(proposal, decoder, generator), k,
-                                  params.alg_temp, generator)
+        chosen = torch.rand(m, generator=generator, device=logits.device) < (1 - s / t)
+        if plan.step_in_block >= plan.steps_in_block - 1:
+            chosen[:] = True
+    else:
+        k = int(step_limit(params, plan, m))
+        alg_temp = None if decoder in SCHEDULED else params.alg_temp
+        chosen = select_top_k(confidence_scores(proposal, decoder, generator), k, alg_temp, generator)
     return chosen, proposal.tokens
 
 

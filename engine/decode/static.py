@@ -525,13 +525,9 @@ class StaticBatch:
         together = [i for i, r in enumerate(requests) if decide and r.decided_together]
         out: dict[int, DecidedStep] = {}
         if together:
-            picked = logits[[rows[i] for i in together]]  # [n, S, V], a copy
-            anchored = [j for j, i in enumerate(together) if requests[i].decoder.ctx.anchor_logits is not None
-                        and requests[i].masked[0] == requests[i].block * block_length]
-            if shifted and anchored:  # a masked slot 0 is predicted by the row before the block
-                picked[anchored, 0] = torch.stack(
-                    [requests[together[j]].decoder.ctx.anchor_logits for j in anchored]).to(picked.dtype)
-            out = dict(zip(together, decide_together([requests[i] for i in together], picked), strict=True))
+            decided = decide_together([requests[i] for i in together], logits, [rows[i] for i in together],
+                                      [requests[i].decoder.ctx.anchor_logits for i in together], shifted)
+            out = dict(zip(together, decided, strict=True))
         return [out[i] if i in out else slot_logits_from_rows(
                     logits[row, r.slots - r.block * block_length], r.slots - r.block * block_length,
                     r.decoder.ctx.anchor_logits, shifted)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.decode.baselines import DenseDecoder, FastDLLMDecoder
-from engine.decode.loop import DecodeStep, LogitsRequest, decode_blocks, drive_alone
+from engine.decode.loop import DecidedStep, DecodeStep, LogitsRequest, decode_blocks, drive_alone
 from engine.decode.paged import PagedStaticDecoder, paged_decoder, release_pages
 from engine.decode.sampling import SamplingParams
 from engine.decode.static import (
@@ -402,7 +402,7 @@ class LoneReadings:
                    chosen.rows, dataclasses.replace(params, static_layout="contiguous", reselect_every=0))
 
     def read(self, runner: Runner, tokenizer, trace: AnswerTrace
-             ) -> Generator[LogitsRequest, torch.Tensor, list[tuple[str, list[int]]]]:
+             ) -> Generator[LogitsRequest, torch.Tensor | DecidedStep, list[tuple[str, list[int]]]]:
         """Decodes the chunks alone in selected order, yielding each step's LogitsRequest (the
         caller answers it, alone or batched), until the readings settle the choice
         (`lone_readings_settled`); returns the readings, (text, ids) each."""
@@ -444,7 +444,7 @@ class PreparedAnswer:
         self.paged = isinstance(self.decoder, PagedStaticDecoder)
 
     def steps(self, runner: Runner, tokenizer
-              ) -> Generator[LogitsRequest | DecodeStep | JointAnswer, torch.Tensor | None, AnswerResult]:
+              ) -> Generator[LogitsRequest | DecodeStep | JointAnswer, torch.Tensor | DecidedStep | None, AnswerResult]:
         """The question's decoding as a loop its driver answers (as `decode_blocks`): where chunks
         are read alone, ReadsAlone first; a LogitsRequest before each step, the DecodeStep after
         it; then, where chunks are read alone, the JointAnswer and the lone readings'

@@ -6,21 +6,28 @@ import hashlib
 import random
 import re
 
+import pytest
+
 from training.relations import (
     FRAMINGS,
     HELD_OUT_DRESSINGS,
     HELD_OUT_FRAMINGS,
     LIST_KINDS,
+    LOWER_CASE_VALUE_KINDS,
     NOT_FOUND,
     TRAIN_DRESSINGS,
+    can_put_value_first,
     draw_fact,
     dress,
     families,
     frame,
     held_out_samples,
     near_subject,
+    put_value_first,
     split,
     subject,
+    value,
+    value_first_form,
 )
 
 PARAGRAPHS = [f"Paragraph {i} of a real manual describes the options of a program and its files." for i in range(40)]
@@ -141,3 +148,34 @@ def test_held_out_dressings_are_never_trained_on_and_the_form_set_uses_only_them
         assert any(all(w in s.fact for w in _fragments(d)) for d in HELD_OUT_DRESSINGS), s.fact
         family = next(f for f in sp.train_families if f.id == s.family)
         assert not sp.held_out_wordings(family)  # a training family asked in a training wording
+
+
+def test_a_fact_stated_value_first_says_the_same_relation():
+    assert value_first_form("The manager of {s} is {v}.") == "{v} is the manager of {s}."
+    assert value_first_form("The access codes for {s} are {v}.") == "{v} are the access codes for {s}."
+    every = {f.id: f for f in families()}
+    fact = draw_fact(every["place/05"], random.Random(4))  # "The manager of {s} is {v}."
+    assert put_value_first(fact).sentence == f"{fact.value} is the manager of {fact.subject}."
+    opens = every["place/03"]  # "{S} opens every day at {v}.": no value-first form
+    assert not can_put_value_first(opens) and put_value_first(draw_fact(opens, random.Random(4))).value_first is False
+    with pytest.raises(ValueError, match="cannot be put value first"):
+        value_first_form(opens.fact)
+    assert not can_put_value_first(every["place/12"])  # a wifi password ("amber") cannot start a sentence
+
+
+def test_values_of_kinds_that_may_begin_a_sentence_never_begin_with_a_small_letter():
+    rng = random.Random(9)
+    for kind in {f.value_kind for f in families()} - LOWER_CASE_VALUE_KINDS:
+        assert not any(value(kind, rng)[0].islower() for _ in range(200)), kind
+
+
+def test_the_value_first_set_asks_training_families_about_facts_stated_value_first():
+    sp = split()
+    samples = held_out_samples([PARAGRAPHS], 60, seed=7, kind="value_first")
+    assert sum(s.answer == NOT_FOUND for s in samples) == 0
+    for s in samples:
+        assert s.held_out == "value_first" and s.framing in HELD_OUT_FRAMINGS
+        assert s.fact.startswith(s.answer + " "), s.fact
+        family = next(f for f in sp.train_families if f.id == s.family)
+        assert can_put_value_first(family) and not sp.held_out_wordings(family)
+    assert len({s.family for s in samples}) > 20

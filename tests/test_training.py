@@ -323,6 +323,7 @@ def test_generated_lookups_read_both_subject_and_relation_and_never_a_held_out_f
     sampler = TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=5,
                           task_weights={"lookup_generated": 1})
     relation_names = sorted((name for name, _, _ in generated), key=len, reverse=True)
+    value_first = 0
     for _ in range(200):
         ex = sampler.sample(4, scoring_share=0.0)
         assert len(ex.chunks) == 4 and all(len(c) <= 127 for c in ex.chunks)
@@ -333,6 +334,8 @@ def test_generated_lookups_read_both_subject_and_relation_and_never_a_held_out_f
         assert text.count(asked) >= 1  # the other subject's fact of the same relation at least
         answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
         assert answer != relations.NOT_FOUND and answer in text, (question, answer)  # always answerable
+        value_first += f"{answer} is the " in text
+    assert value_first > 10  # generated facts teach the value-first form the table's families never take
 
 
 def _real_text_sampler(task: str, seed: int):

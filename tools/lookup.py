@@ -1,8 +1,9 @@
 """Held-out lookup and no-answer evaluation data, beside RULER's, in RULER's files and format.
 
 Questions come from `training.relations.held_out_samples`: held-out relation families, held-out
-paraphrases, held-out framings and facts worded in held-out dressings (`lookup_form`: "As of 2024,
-...", "..., who signed the new berth contract."), never trained on. Their haystacks are a document source the
+paraphrases, held-out framings, facts worded in held-out dressings (`lookup_form`: "As of 2024,
+...", "..., who signed the new berth contract.") and facts stated value first (`lookup_value_first`:
+"Odile Varga is the manager of the old mill."), never trained on. Their haystacks are a document source the
 model never saw either: Debian's licence and copyright files (/usr/share/doc/*/copyright, the
 `licences` kind that training.corpus keeps out of training). Each task a file
 `<task>_<length>/validation.jsonl` that `tools.ruler.load` reads as it reads RULER's; a list answer
@@ -20,9 +21,9 @@ from tools.ruler import DOC_END, DOC_START
 from training.corpus import normalise, read_maybe_gzipped, source_files
 from training.relations import NOT_FOUND, held_out_samples
 
-TASKS = ("lookup_family", "lookup_paraphrase", "lookup_framing", "lookup_form", "no_answer")
+TASKS = ("lookup_family", "lookup_paraphrase", "lookup_framing", "lookup_form", "lookup_value_first", "no_answer")
 _KIND_OF_TASK = {"lookup_family": "family", "lookup_paraphrase": "paraphrase", "lookup_framing": "framing",
-                 "lookup_form": "form", "no_answer": None}
+                 "lookup_form": "form", "lookup_value_first": "value_first", "no_answer": None}
 MIN_PARAGRAPH_CHARS = 80
 
 

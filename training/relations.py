@@ -461,10 +461,12 @@ class Fact:
     value: str
     lead: str = ""  # words before the fact's sentence ("As of 2024, "): see `dress`
     trail: str = ""  # a clause after its value (", who signed the new berth contract")
+    value_first: bool = False  # "Odile Varga is the manager of {s}.": see `put_value_first`
 
     @property
     def sentence(self) -> str:
-        text = self.family.fact.replace("{S}", self.subject[0].upper() + self.subject[1:])
+        text = value_first_form(self.family.fact) if self.value_first else self.family.fact
+        text = text.replace("{S}", self.subject[0].upper() + self.subject[1:])
         text = text.replace("{s}", self.subject).replace("{v}", self.value)
         if self.trail:
             text = f"{text[:-1]}{self.trail}{text[-1]}"
@@ -486,8 +488,8 @@ def draw_fact(family: Family, rng: random.Random) -> Fact:
 # of 2024, the access code for the north warehouse is 31548."), a clause after its value ("The manager
 # of the old mill is Odile Varga, who signed the new berth contract."). A dressing is such a (lead,
 # trail) pair. The split is by kind: HELD_OUT_DRESSINGS are never trained on, and the `form` held-out
-# set puts training families, asked in training wordings, in them only. Not covered: facts written
-# value first ("Odile Varga is the manager of ..."), which the families' sentences would have to say.
+# set puts training families, asked in training wordings, in them only. Facts written value first
+# are a form of their own (below).
 
 DRESSINGS: tuple[tuple[str, str], ...] = (
     ("As of {year}, ", ""),
@@ -529,6 +531,40 @@ def dress(fact: Fact, dressing: tuple[str, str], rng: random.Random) -> Fact:
     return dataclasses.replace(fact, lead=lead.format(**blanks), trail=trail.format(**blanks))
 
 
+# ---- facts written value first --------------------------------------------------------------------------
+#
+# Documents also state a fact with its value as the subject of the sentence: "Odile Varga is the
+# manager of the old mill." for "The manager of the old mill is Odile Varga.". Every family whose fact
+# is "The <relation> is {v}." has that form, where its values can begin a sentence as they are (a
+# name, a number; not "blue", which would have to become "Blue", no longer the answer's span). The
+# table's families are never trained on it (the `value_first` held-out set asks training families, in
+# training wordings, about facts in it only); generated families have it among their sentence forms,
+# so training teaches the form on other relations.
+
+_VALUE_LAST = re.compile(r"^The (?P<relation>[^{}]*\{s\}[^{}]*?) (?P<verb>is|are|was|were) \{v\}\.$")
+# Value kinds whose values may begin with a small letter ("blue", "the old mill", "a nurse").
+LOWER_CASE_VALUE_KINDS = frozenset(("colour", "colours", "command", "email", "food", "foods", "goods", "job",
+                                    "licence", "packages", "place", "places", "word"))
+
+
+def value_first_form(fact: str) -> str:
+    """The fact sentence with its value first ("The manager of {s} is {v}." -> "{v} is the manager of
+    {s}."); ValueError for a sentence not of the form "The <relation> is {v}."."""
+    match = _VALUE_LAST.match(fact)
+    if match is None:
+        raise ValueError(f"{fact!r} cannot be put value first")
+    return f"{{v}} {match['verb']} the {match['relation']}."
+
+
+def can_put_value_first(family: Family) -> bool:
+    return _VALUE_LAST.match(family.fact) is not None and family.value_kind not in LOWER_CASE_VALUE_KINDS
+
+
+def put_value_first(fact: Fact) -> Fact:
+    """The fact stated value first where its family's sentence allows, else as it is."""
+    return dataclasses.replace(fact, value_first=True) if can_put_value_first(fact.family) else fact
+
+
 # ---- lookup samples: facts placed in real text --------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -559,11 +595,13 @@ def place_facts(paragraphs: list[str], facts: list[Fact], depths: list[float]) -
 
 def lookup_sample(paragraphs: list[str], families_: list[Family], wordings: dict[str, tuple[str, ...]],
                   framings: tuple[str, ...], rng: random.Random, distractors: int = 2,
-                  answerable: bool = True, dressings: tuple[tuple[str, str], ...] = ()) -> LookupSample:
+                  answerable: bool = True, dressings: tuple[tuple[str, str], ...] = (),
+                  value_first: bool = False) -> LookupSample:
     """One question about one fact in real text, with `distractors` facts of other families beside it
     (and one of the same family about another subject, so the subject has to be read). Unanswerable:
     the asked subject is not in the document (its family's facts about other subjects are).
-    `dressings`: each placed fact is put in one of them (`dress`)."""
+    `dressings`: each placed fact is put in one of them (`dress`); `value_first`: each placed fact
+    that can be is stated value first (`put_value_first`)."""
     family = rng.choice(families_)
     asked = draw_fact(family, rng)
     same_family_other = draw_fact(family, rng)
@@ -572,6 +610,8 @@ def lookup_sample(paragraphs: list[str], families_: list[Family], wordings: dict
     others = [draw_fact(rng.choice(families_), rng) for _ in range(distractors)]
     if dressings:
         asked, same_family_other, *others = (dress_some(f, dressings, rng) for f in (asked, same_family_other, *others))
+    if value_first:
+        asked, same_family_other, *others = (put_value_first(f) for f in (asked, same_family_other, *others))
     placed = ([asked] if answerable else []) + [same_family_other] + others
     depths = [rng.random() for _ in placed]
     wording_text = rng.choice(wordings[family.id])
@@ -589,12 +629,14 @@ def held_out_samples(paragraph_pool: list[list[str]], n: int, seed: int, no_answ
     """The held-out lookup set, always in held-out framings. `kind` says what else is new to the model:
     "family" (a held-out family, any wording), "paraphrase" (a training family's held-out
     paraphrase), "framing" (a training family in a training wording: only the framing is new) or
-    "form" (as "framing", the facts in held-out dressings); None takes the first three in turn."""
+    "form" (as "framing", the facts in held-out dressings) or "value_first" (as "framing", about facts
+    stated value first, `put_value_first`); None takes the first three in turn."""
     sp = split()
     trained = [(f, sp.train_wordings(f)) for f in sp.train_families if not sp.held_out_wordings(f)]
     pools = {"family": [(f, sp.held_out_wordings(f)) for f in sp.held_out_families],
              "paraphrase": [(f, sp.held_out_wordings(f)) for f in sp.train_families if sp.held_out_wordings(f)],
-             "framing": trained, "form": trained}
+             "framing": trained, "form": trained,
+             "value_first": [(f, w) for f, w in trained if can_put_value_first(f)]}
     if kind is not None and kind not in pools:
         raise ValueError(f"unknown held-out kind {kind!r}")
     rng = random.Random(seed)
@@ -604,7 +646,8 @@ def held_out_samples(paragraph_pool: list[list[str]], n: int, seed: int, no_answ
         pool = pools[this]
         sample = lookup_sample(rng.choice(paragraph_pool), [f for f, _ in pool], {f.id: w for f, w in pool},
                                sp.held_out_framings, rng, answerable=rng.random() >= no_answer_share,
-                               dressings=HELD_OUT_DRESSINGS if this == "form" else ())
+                               dressings=HELD_OUT_DRESSINGS if this == "form" else (),
+                               value_first=this == "value_first")
         out.append(dataclasses.replace(sample, held_out=this))
     return out
 
@@ -636,6 +679,7 @@ _HEADS = (("code", "code", "what"), ("number", "code", "what"), ("reference", "c
           ("port", "port", "what"), ("directory", "path", "what"), ("address", "address", "what"))
 _GENERATED_FACTS = ("The {a} of {s} is {v}.", "The {a} for {s} is {v}.", "For {s}, the {a} is {v}.",
                     "{S} lists {v} as its {a}.", "{S} has {v} as its {a}.", "The current {a} of {s} is {v}.")
+_GENERATED_VALUE_FIRST_FACTS = ("{v} is the {a} of {s}.", "{v} is the current {a} for {s}.")
 _GENERATED_QUESTIONS = {
     "what": ("What is the {a} of {s}?", "What is the {a} for {s}?", "Which {a} does {s} have?",
              "What {a} does {s} use?", "Give me the {a} of {s}."),
@@ -672,7 +716,8 @@ def generated_family(relation: tuple[str, str, str], rng: random.Random) -> Fami
     """One generated family of `relation` (from `generated_relations`): a sentence form and every
     question wording of its kind."""
     name, kind, asks = relation
-    fact = rng.choice(_GENERATED_FACTS).replace("{a}", name)
+    forms = _GENERATED_FACTS + (_GENERATED_VALUE_FIRST_FACTS if kind not in LOWER_CASE_VALUE_KINDS else ())
+    fact = rng.choice(forms).replace("{a}", name)
     questions = tuple(q.replace("{a}", name) for q in _GENERATED_QUESTIONS[asks])
     subject_kind = rng.choice(_GENERATED_SUBJECT_KINDS)
     return Family(f"generated/{name}", subject_kind, fact, questions[0], questions[1:], kind)

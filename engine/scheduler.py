@@ -10,7 +10,9 @@ fails, each question runs its own); then its decode steps. At each step the sche
 LogitsRequest from every question being decoded, answers the StaticDecoders' together in one
 batched forward (`StaticBatch`: each row over its own chunks and answer; a captured CUDA graph per
 batch size), where the rule allows decides their commits in one batched call too
-(`decide_together`), answers any other decoder alone, and hands each question its DecodeStep. A question joins
+(`decide_together`), answers any other decoder alone, and hands each question its DecodeStep. A
+question whose block is settled has that block's KV refreshed as a row of the same forward
+(`BlockDone`), so questions of several blocks batch their refreshes with the others' steps. A question joins
 between steps, once prepared, and leaves when its answer is settled, so short answers never wait
 for long ones; a question that reads its chunks alone after (AnswerParams.reads_chunks_alone)
 posts its JointAnswer and stays in the batch for the lone readings' steps. Greedy answers are
@@ -40,7 +42,7 @@ from typing import TypeVar
 
 import torch
 
-from engine.decode.loop import DecidedStep, DecodeStep, LogitsRequest
+from engine.decode.loop import BlockDone, BlockRefreshed, DecidedStep, DecodeStep, LogitsRequest
 from engine.decode.paged import release_pages
 from engine.decode.static import StaticBatch
 from engine.method.answer import (
@@ -423,10 +425,12 @@ class AnswerScheduler:
         """The prepared question joins the questions being decoded."""
         self._active.append(_Active(submitted, prepared, prepared.steps(self.runner, self.tokenizer)))
 
-    def _advance(self, active: _Active, reply: torch.Tensor | DecidedStep | BaseException | None) -> bool:
-        """Runs the question's loop to its next LogitsRequest, posting its other events (steps, the
-        joint answer); False once done. An error as the reply is thrown into the loop: it ends the
-        question there, or only its lone readings (`PreparedAnswer.steps`)."""
+    def _advance(self, active: _Active, reply: torch.Tensor | DecidedStep | BlockRefreshed | BaseException | None
+                 ) -> bool:
+        """Runs the question's loop to its next LogitsRequest (or BlockDone the batch refreshes),
+        posting its other events (steps, the joint answer); False once done. An error as the reply
+        is thrown into the loop: it ends the question there, or only its lone readings
+        (`PreparedAnswer.steps`)."""
         while True:
             try:
                 item = active.loop.throw(reply) if isinstance(reply, BaseException) else active.loop.send(reply)
@@ -434,10 +438,11 @@ class AnswerScheduler:
                 self._end(active, None, done.value)
                 return False
             reply = None
-            if isinstance(item, LogitsRequest):
+            if isinstance(item, LogitsRequest) or (isinstance(item, BlockDone) and StaticBatch.refreshes(item.decoder)):
                 active.request = item
                 return True
-            active.submitted.handle._events.put(item)
+            if not isinstance(item, BlockDone):  # (a BlockDone not batched: the loop refreshes itself)
+                active.submitted.handle._events.put(item)
 
     def _step(self) -> None:
         ready: list[_Active] = []
@@ -469,7 +474,7 @@ class AnswerScheduler:
             self.batch_sizes[len(group)] += 1
         if alone:
             self.batch_sizes[1] += len(alone)
-        replies: list[tuple[_Active, torch.Tensor | DecidedStep | BaseException]] = []
+        replies: list[tuple[_Active, torch.Tensor | DecidedStep | BlockRefreshed | BaseException]] = []
         for block_length, group in by_block.items():
             batch = self._batches.setdefault(block_length, StaticBatch(self.runner))
             try:

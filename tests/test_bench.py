@@ -76,3 +76,10 @@ def test_bench_concurrency_with_fewer_steps_and_a_prefilter():
     assert full[0].batch_sizes == {1: 2 * 16} and fewer[0].batch_sizes == {1: 2 * 8}
     with pytest.raises(ValueError, match="must divide"):
         load_bench.answer_sampling(16, 3)
+    with pytest.raises(ValueError, match="must divide the answer"):
+        load_bench.answer_sampling(32, 1, 12)
+    assert load_bench.answer_sampling(32, 2, 8).num_blocks == 4
+    blocks = load_bench.run("tiny", 2, 256, 16, "cpu", chunk_size=32, top_k=2, rounds=1, poisson_questions=2,
+                            progress=lambda line: None, block_length=8)
+    # Two blocks: a question alone steps 16 times, and its first block is refreshed as a row once.
+    assert blocks[0].batch_sizes == {1: 2 * (16 + 1)}

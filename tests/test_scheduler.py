@@ -8,8 +8,17 @@ import pytest
 import torch
 
 from engine import AnswerParams, SamplingParams
-from engine.decode.loop import DecidedStep, DecodeStep, LogitsRequest, decode_blocks, run_blocks
-from engine.decode.static import StaticBatch
+from engine.decode.loop import (
+    BlockDone,
+    BlockRefreshed,
+    DecidedStep,
+    DecodeStep,
+    LogitsRequest,
+    decode_blocks,
+    run_blocks,
+)
+from engine.decode.sampling import StepPlan
+from engine.decode.static import StaticBatch, StaticDecoder
 from engine.method.answer import AnswerResult, prepare_answer
 from engine.scheduler import AnswerScheduler, FairTurns, QueueFull
 from tests.tiny_inputs import doc_ids
@@ -125,15 +134,72 @@ def test_a_batch_keeps_rows_as_questions_come_and_go(engines):
     assert batch._step is None
 
 
+def _to_block_done(loop) -> BlockDone:
+    """Runs a decode loop alone (each step's logits from its own decoder) to its first BlockDone."""
+    item = next(loop)
+    while not isinstance(item, BlockDone):
+        item = loop.send(item.decoder.slot_logits(item.block, item.answer, item.slots)
+                         if isinstance(item, LogitsRequest) else None)
+    return item
+
+
 @pytest.mark.parametrize("family", ["dream", "llada"])
-def test_scheduled_answers_equal_the_questions_alone(engines, family):
+def test_a_block_refreshed_as_a_row_of_the_batch_equals_its_refresh_alone(engines, family):
+    """One question's finished block refreshed in the same forward as two others' steps: its
+    context (KV, valid keys, a shifted model's anchor) is what `block_done` alone makes, its row
+    keeps the grown context, and the others' logits are theirs alone."""
+    engine = engines[family]
+    runner = engine.runner
+    docs = _documents(engine, 3)
+
+    def prepared(i):
+        return prepare_answer(runner, engine.tokenizer, [docs[i]], f"Which berth is number {i}?", _params(top_k=1 + i))
+
+    twin = [prepared(0), prepared(0)]  # the same question twice: one refreshed alone, one in the batch
+    done = [_to_block_done(decode_blocks(p.decoder, runner.cfg, p.sampling, p.generator, runner.device)) for p in twin]
+    assert torch.equal(done[0].answer, done[1].answer)
+    twin[0].decoder.block_done(done[0].block, done[0].answer)
+    others = [prepared(i) for i in (1, 2)]
+    requests = [next(decode_blocks(p.decoder, runner.cfg, p.sampling, p.generator, runner.device)) for p in others]
+    batch = StaticBatch(runner)
+    replies = batch.step([requests[0], done[1], requests[1]], decide=False)
+    assert isinstance(replies[1], BlockRefreshed)
+    alone, batched = twin[0].decoder.ctx, twin[1].decoder.ctx
+    assert torch.equal(alone.key_valid, batched.key_valid) and alone.answer_start == batched.answer_start
+    for (ka, va), (kb, vb) in zip(alone.kv, batched.kv, strict=True):
+        torch.testing.assert_close(kb, ka, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(vb, va, atol=2e-5, rtol=1e-4)
+    if runner.cfg.logits_shifted:
+        torch.testing.assert_close(batched.anchor_logits, alone.anchor_logits, atol=2e-5, rtol=1e-4)
+    else:
+        assert batched.anchor_logits is None
+    assert any(m is batched for m in batch._step.members)  # its row holds the grown context
+    for request, logits in zip(requests, (replies[0], replies[2]), strict=True):
+        torch.testing.assert_close(logits, request.decoder.slot_logits(request.block, request.answer, request.slots),
+                                   atol=2e-5, rtol=1e-4)
+    nxt = done[1].decoder  # its next block's step over the kept row: the logits the alone twin gets
+    answer = done[1].answer
+    slots = torch.arange(8, 16)
+    got = batch.slot_logits([LogitsRequest(nxt, 1, answer, slots, tuple(range(8, 16)), twin[1].sampling,
+                                           StepPlan(0, 8, 8))])[0]
+    torch.testing.assert_close(got, twin[0].decoder.slot_logits(1, done[0].answer, slots), atol=2e-5, rtol=1e-4)
+    batch.clear()
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
+def test_scheduled_answers_equal_the_questions_alone(engines, family, monkeypatch):
     """Five questions at once over five documents, two answer lengths (so some leave the batch
-    before others) and two blocks each: the same greedy tokens and steps as each alone."""
+    before others) and two blocks each: the same greedy tokens and steps as each alone; their
+    blocks are refreshed in the batched forward, never one by one."""
     engine = engines[family]
     docs = _documents(engine, 5)
     asks = [(docs[i], f"Question {i}: what is the code of pier {i}?", _params(gen_length=16 if i % 2 else 8))
             for i in range(5)]
     alone = [engine.answer(doc, q, p) for doc, q, p in asks]
+
+    def refreshed_alone(self, block, answer):
+        raise AssertionError("a scheduled question's block was refreshed on its own")
+    monkeypatch.setattr(StaticDecoder, "block_done", refreshed_alone)
     scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=8)
     try:
         # Held while they arrive: the scheduler drafts the first (at most) and waits for the model,

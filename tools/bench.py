@@ -134,10 +134,12 @@ def synthetic_index(num_chunks: int, gen: torch.Generator, words_per_chunk: int 
     return conn, question
 
 
-def answer_sampling(answer: int, tokens_per_step: int = 1) -> SamplingParams:
+def answer_sampling(answer: int, tokens_per_step: int = 1, block_length: int = 32) -> SamplingParams:
     """The benchmarks' decoding: `tokens_per_step` tokens committed at each step (by confidence),
-    blocks of at most 32, EOS never ends an answer early."""
-    block = min(32, answer)
+    blocks of at most `block_length`, EOS never ends an answer early."""
+    block = min(block_length, answer)
+    if block < 1 or answer % block:
+        raise ValueError(f"the block of {block} tokens must divide the answer of {answer}")
     if tokens_per_step < 1 or block % tokens_per_step:
         raise ValueError(f"tokens per step ({tokens_per_step}) must divide the block of {block} tokens")
     return SamplingParams(decoder="low_confidence", gen_length=answer, block_length=block,

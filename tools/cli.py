@@ -80,6 +80,10 @@ def _build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--tokens-per-step", type=int, default=1,
                     help="with --concurrency: answer tokens committed at each decode step (default 1; a trained "
                          "model's threshold decoder commits several where it is confident)")
+    bn.add_argument("--block-length", type=int, default=32,
+                    help="with --concurrency: answer slots decoded as one block (default 32, or the whole answer "
+                         "if shorter); shorter blocks recompute fewer rows a step, and each finished block's KV "
+                         "is refreshed as a row of the batched step")
     bn.add_argument("--max-prepare", type=int, default=8, metavar="Q",
                     help="with --concurrency: newcomers the scheduler prepares between two steps, their chunks "
                          "scored in shared passes (default 8, the app's)")
@@ -192,21 +196,22 @@ def _bench_concurrency(args: argparse.Namespace, scoring) -> int:
         return EXIT_USAGE
     answer, prefilter = args.answers[0], args.prefilter[0]
     try:
-        load_bench.answer_sampling(answer, args.tokens_per_step)
+        load_bench.answer_sampling(answer, args.tokens_per_step, args.block_length)
     except ValueError as e:
-        print(f"docqa-tools: --tokens-per-step: {e}", file=sys.stderr)
+        print(f"docqa-tools: --tokens-per-step / --block-length: {e}", file=sys.stderr)
         return EXIT_USAGE
     phases = load_bench.run(args.shape, args.concurrency, args.contexts[0], answer, args.device,
                             args.chunk_size, args.top_k, rounds=args.rounds, load=args.load,
                             progress=lambda line: print(line, file=sys.stderr, flush=True), scoring=scoring,
                             prefilter=prefilter, tokens_per_step=args.tokens_per_step,
-                            max_prepare=args.max_prepare)
+                            max_prepare=args.max_prepare, block_length=args.block_length)
     meta = {"shape": args.shape, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "concurrency": args.concurrency, "context": args.contexts[0],
             "answer": answer, "chunk_size": args.chunk_size, "top_k": args.top_k, "load": args.load,
             "scorer": args.scorer, "llada_folds": args.llada_folds or "leave-one-out",
             "prefilter": prefilter or "every chunk",
-            "rule": f"{args.tokens_per_step} token(s) committed per step", "max_prepare": args.max_prepare}
+            "rule": f"{args.tokens_per_step} token(s) committed per step", "max_prepare": args.max_prepare,
+            "block_length": min(args.block_length, answer)}
     load_bench.write(phases, args.out, meta)
     print(load_bench.table(phases))
     return EXIT_OK

@@ -109,7 +109,7 @@ def _threads(targets) -> None:
 def run(shape: str, concurrency: int, context: int, answer: int, device: str | None, chunk_size: int, top_k: int,
         rounds: int = 4, poisson_questions: int = 64, load: float = 0.8, max_batch: int | None = None,
         progress=print, seed: int = 0, scoring: ScoringParams = BENCH_SCORING, prefilter: int = 0,
-        tokens_per_step: int = 1, max_prepare: int = 8) -> list[LoadPhase]:
+        tokens_per_step: int = 1, max_prepare: int = 8, block_length: int = 32) -> list[LoadPhase]:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     cfg = SHAPES[shape]
@@ -120,7 +120,7 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
     prompts = [random_question(cfg, gen) for _ in range(concurrency)]
     documents_gib = sum(d.keys.nbytes + d.values.nbytes for d in docs) / 2**30
     params = AnswerParams(top_k=top_k, kv_mode="static", scoring=scoring,
-                          sampling=answer_sampling(answer, tokens_per_step))
+                          sampling=answer_sampling(answer, tokens_per_step, block_length))
     if prefilter:
         conn, question = synthetic_index(docs[0].num_chunks, gen)
         chosen = candidate_ordinals(conn, question, docs[0].num_chunks, prefilter)

@@ -89,6 +89,23 @@ class LogitsRequest:
 
 
 @dataclass(frozen=True)
+class BlockDone:
+    """The loop's `block` is settled and another follows: its decoder's `block_done` (the finished
+    block's KV joining the context) is due. A driver that runs it, batched with other questions'
+    work (`engine.decode.static.StaticBatch.step`), answers BlockRefreshed; any other answer (None)
+    and the loop runs it itself."""
+
+    decoder: Decoder
+    block: int
+    answer: torch.Tensor  # [gen_length] long, on the device
+
+
+@dataclass(frozen=True)
+class BlockRefreshed:
+    """A driver's answer to BlockDone: the decoder's context holds the finished block already."""
+
+
+@dataclass(frozen=True)
 class DecidedStep:
     """A driver's answer to a LogitsRequest whose step it decided (with other questions' steps,
     `decide_together`): per masked slot whether it is committed and its token. The driver has
@@ -149,12 +166,14 @@ def decide_together(requests: list[LogitsRequest], block_logits: torch.Tensor, r
 
 def decode_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
                   generator: torch.Generator | None, device: torch.device
-                  ) -> Generator[LogitsRequest | DecodeStep, torch.Tensor | DecidedStep | None, DecodeOutcome]:
+                  ) -> Generator[LogitsRequest | DecodeStep | BlockDone,
+                                 torch.Tensor | DecidedStep | BlockRefreshed | None, DecodeOutcome]:
     """Decodes `params.gen_length` answer slots block by block with `params.decoder`.
 
     Before each step it yields a LogitsRequest and takes the logits sent back, or the DecidedStep of
     a driver that decided the step and wrote the answer itself (`decide_together`); after it, the
-    DecodeStep (send None to go on). The decoder's `block_start` and `block_done` run inside.
+    DecodeStep (send None to go on). Between two blocks it yields BlockDone: the decoder's
+    `block_done` runs inside unless the driver answers that it ran it. `block_start` runs inside.
     The canvas lives on the device (the decoders read it) and is mirrored on the host; each step
     synchronises once, to copy back which slots it committed. Everything the loop decides from
     (masked slots, stop tokens) is read from the mirror, so the GPU is not drained more than that.
@@ -202,7 +221,7 @@ def decode_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
                 break
         if stopped_early:
             break
-        if block < params.num_blocks - 1:
+        if block < params.num_blocks - 1 and not isinstance((yield BlockDone(decoder, block, answer)), BlockRefreshed):
             decoder.block_done(block, answer)
     return DecodeOutcome(answer_ids=cut_at_stop(canvas, cfg.stop_token_ids), canvas=canvas,
                          steps=step, forward_passes=decoder.forward_passes,
@@ -212,8 +231,8 @@ def decode_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
 def drive_alone(loop: Generator, before_request: Callable[[], None] | None = None) -> Generator:
     """Drives a question's loop (`decode_blocks`, `PreparedAnswer.steps`) alone: each LogitsRequest
     is answered by its own decoder, `before_request` called first (an error the decoder raises is
-    thrown into the loop, which may absorb it); every other item is yielded. Returns the loop's
-    value."""
+    thrown into the loop, which may absorb it); a BlockDone is left to the loop; every other item is
+    yielded. Returns the loop's value."""
     reply: torch.Tensor | BaseException | None = None
     while True:
         try:
@@ -228,7 +247,7 @@ def drive_alone(loop: Generator, before_request: Callable[[], None] | None = Non
                 reply = item.decoder.slot_logits(item.block, item.answer, item.slots)
             except Exception as exc:  # noqa: BLE001 - the loop decides what an error ends
                 reply = exc
-        else:
+        elif not isinstance(item, BlockDone):
             yield item
 
 

@@ -18,7 +18,15 @@ import torch
 
 from engine.attention import attention_probs, full_mask
 from engine.cuda_graphs import ANSWER_GRAPHS, GraphedCall, kept_pool
-from engine.decode.loop import DecidedStep, block_logits, decide_together, slot_logits_from_rows
+from engine.decode.loop import (
+    BlockDone,
+    BlockRefreshed,
+    DecidedStep,
+    LogitsRequest,
+    block_logits,
+    decide_together,
+    slot_logits_from_rows,
+)
 from engine.decode.sampling import prediction_rows
 from engine.method.kv_cache import flatten_chunks, gather_kept_tokens, place_chunks
 from engine.method.prompting import QuestionPrompt
@@ -372,11 +380,15 @@ class StaticDecoder:
         last = torch.tensor([self.block_length - 1], device=ids.device) if shifted else None
         out = self.runner.forward(ids, positions, mask, past=self.ctx.kv, logits_rows=last)
         self.forward_passes += 1
+        self.take_block(out.kv, out.logits[0, 0] if shifted else None)
+
+    def take_block(self, block_kv: list[LayerKV], anchor_logits: torch.Tensor | None) -> None:
+        """The finished block's KV (per layer [1, Hkv, block, D], copied) joins the context; a shifted
+        model's next block takes `anchor_logits` ([V], the block's last row's) for its slot 0."""
         self.ctx = FixedContext(
-            kv=_cat_kv(self.ctx.kv, out.kv),
-            key_valid=torch.cat((self.ctx.key_valid, torch.ones_like(ids, dtype=torch.bool)), 1),
-            answer_start=self.ctx.answer_start, anchor_logits=out.logits[0, 0] if shifted else None,
-            anchors=self.ctx.anchors)
+            kv=_cat_kv(self.ctx.kv, block_kv),
+            key_valid=torch.cat((self.ctx.key_valid, self.ctx.key_valid.new_ones(1, self.block_length)), 1),
+            answer_start=self.ctx.answer_start, anchor_logits=anchor_logits, anchors=self.ctx.anchors)
 
 
 BATCH_CONTEXT_ROUND = 256  # a batch's padded context length is rounded up to this (fewer captured shapes)
@@ -424,15 +436,18 @@ class _BatchedStep:
                        for _ in range(cfg.num_layers)]
         self.ids = torch.full((rows, block_length), cfg.mask_token_id, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, block_length, dtype=torch.long, device=device)
-        # Block row j's logits predict block slot j (for a shifted model slot 0 takes the anchor).
-        self.logit_rows = (prediction_rows(torch.arange(1, block_length + 1), cfg.logits_shifted) - 1
-                           ).clamp_min(0).to(device)
+        # Block row j's logits predict block slot j (for a shifted model slot 0 takes the anchor); a
+        # shifted model's logits add the block's last row, the next block's anchor once it is settled.
+        rows_for_slots = (prediction_rows(torch.arange(1, block_length + 1), cfg.logits_shifted) - 1).clamp_min(0)
+        if cfg.logits_shifted:
+            rows_for_slots = torch.cat((rows_for_slots, torch.tensor([block_length - 1])))
+        self.logit_rows = rows_for_slots.to(device)
         self.members: list[FixedContext | None] = [None] * rows  # held: no new context can take their ids
         self._call = GraphedCall(self._run, runner.uses_graphs, "batched decode step", kept_pool(runner, ANSWER_GRAPHS))
 
     def _run(self) -> torch.Tensor:
         return self.runner.forward(self.ids, self.positions, full_mask(), past=self.layers,
-                                   logits_rows=self.logit_rows, return_kv=False).logits  # [rows, block, V]
+                                   logits_rows=self.logit_rows, return_kv=False).logits  # [rows, block (+1), V]
 
     def release(self) -> None:
         """Forgets the members (their contexts' memory is the questions'; the buffers stay)."""
@@ -463,9 +478,31 @@ class _BatchedStep:
         self.valid[row, n:self.context_len] = False
         self.members[row] = ctx
 
+    def block_kv(self, row: int) -> list[LayerKV]:
+        """The KV the last forward computed for `row`'s block: per layer views [1, Hkv, block, D]
+        (overwritten by the next forward)."""
+        return [(layer.keys[row:row + 1, :, -self.block_length:], layer.values[row:row + 1, :, -self.block_length:])
+                for layer in self.layers]
+
+    def grow(self, row: int, ctx: FixedContext) -> None:
+        """`row`'s member becomes `ctx`, its context with the block the last forward computed
+        appended: copied after the row's context where the buffers have room, else the row is let
+        go (the next `place` copies `ctx` whole, into a longer step if need be)."""
+        n = ctx.key_valid.shape[1] - self.block_length  # the context before the block
+        if ctx.key_valid.shape[1] > self.context_len:
+            self.members[row] = None
+            self.valid[row, :self.context_len] = False
+            return
+        for layer in self.layers:
+            layer.keys[row, :, n:n + self.block_length] = layer.keys[row, :, -self.block_length:]
+            layer.values[row, :, n:n + self.block_length] = layer.values[row, :, -self.block_length:]
+        self.valid[row, n:n + self.block_length] = True
+        self.members[row] = ctx
+
     def __call__(self, rows: list[int], ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits [rows, block, V] with `ids` and `positions` ([n, block]) in `rows`; the tensor is
-        overwritten by the next call (read what is needed first)."""
+        """Logits [rows, block, V] (a shifted model's [rows, block + 1, V]: the last, each block's last
+        row's) with `ids` and `positions` ([n, block]) in `rows`; the tensor is overwritten by the
+        next call (read what is needed first)."""
         index = torch.tensor(rows, device=self.ids.device)
         self.ids.index_copy_(0, index, ids)
         self.positions.index_copy_(0, index, positions)
@@ -498,6 +535,12 @@ class StaticBatch:
         (a joint context brings that step's logits with it)."""
         return isinstance(decoder, StaticDecoder) and decoder._pending_first is None
 
+    @staticmethod
+    def refreshes(decoder: object) -> bool:
+        """Whether the batch can run `decoder`'s block refresh (BlockDone) as a row of its forward:
+        one it accepts whose block's end does nothing else (no re-selection)."""
+        return StaticBatch.accepts(decoder) and decoder.on_block_done is None
+
     def _step_for(self, decoders: list[StaticDecoder]) -> _BatchedStep:
         rows, block = batch_rows(len(decoders)), decoders[0].block_length
         need = max(d.ctx.key_valid.shape[1] for d in decoders)
@@ -517,17 +560,25 @@ class StaticBatch:
         return self.step(requests, decide=False)
 
     @torch.inference_mode()
-    def step(self, requests: list, decide: bool = True) -> list[torch.Tensor | DecidedStep]:
-        """The requests' step from one forward of all of them: where `decide`, the steps of those
+    def step(self, requests: list, decide: bool = True) -> list[torch.Tensor | DecidedStep | BlockRefreshed]:
+        """The requests' step from one forward of all of them: each BlockDone's finished block (its
+        final tokens) computed as a row, its KV and anchor joining the decoder's context
+        (`StaticDecoder.take_block`); where `decide`, the steps of the LogitsRequests
         `decided_together` decided and written at once (`decide_together`); logits for the others."""
-        logits, rows = self._forward(requests)  # [rows, S, V]
+        logits, rows = self._forward(requests)  # [rows, S (+1), V]
         shifted, block_length = self.runner.cfg.logits_shifted, requests[0].decoder.block_length
-        together = [i for i, r in enumerate(requests) if decide and r.decided_together]
-        out: dict[int, DecidedStep] = {}
+        out: dict[int, DecidedStep | BlockRefreshed] = {}
+        for i, (r, row) in enumerate(zip(requests, rows, strict=True)):
+            if isinstance(r, BlockDone):
+                r.decoder.take_block(self._step.block_kv(row), logits[row, block_length].clone() if shifted else None)
+                self._step.grow(row, r.decoder.ctx)
+                out[i] = BlockRefreshed()
+        together = [i for i, r in enumerate(requests) if decide and isinstance(r, LogitsRequest) and r.decided_together]
         if together:
-            decided = decide_together([requests[i] for i in together], logits, [rows[i] for i in together],
+            decided = decide_together([requests[i] for i in together], logits[:, :block_length],
+                                      [rows[i] for i in together],
                                       [requests[i].decoder.ctx.anchor_logits for i in together], shifted)
-            out = dict(zip(together, decided, strict=True))
+            out.update(zip(together, decided, strict=True))
         return [out[i] if i in out else slot_logits_from_rows(
                     logits[row, r.slots - r.block * block_length], r.slots - r.block * block_length,
                     r.decoder.ctx.anchor_logits, shifted)

@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.decode.baselines import DenseDecoder, FastDLLMDecoder
-from engine.decode.loop import DecidedStep, DecodeStep, LogitsRequest, decode_blocks, drive_alone
+from engine.decode.loop import (
+    BlockDone,
+    BlockRefreshed,
+    DecidedStep,
+    DecodeStep,
+    LogitsRequest,
+    decode_blocks,
+    drive_alone,
+)
 from engine.decode.paged import PagedStaticDecoder, paged_decoder, release_pages
 from engine.decode.sampling import SamplingParams
 from engine.decode.static import (
@@ -402,9 +410,10 @@ class LoneReadings:
                    chosen.rows, dataclasses.replace(params, static_layout="contiguous", reselect_every=0))
 
     def read(self, runner: Runner, tokenizer, trace: AnswerTrace
-             ) -> Generator[LogitsRequest, torch.Tensor | DecidedStep, list[tuple[str, list[int]]]]:
-        """Decodes the chunks alone in selected order, yielding each step's LogitsRequest (the
-        caller answers it, alone or batched), until the readings settle the choice
+             ) -> Generator[LogitsRequest | BlockDone, torch.Tensor | DecidedStep | BlockRefreshed | None,
+                            list[tuple[str, list[int]]]]:
+        """Decodes the chunks alone in selected order, yielding each step's LogitsRequest and each
+        BlockDone (the caller answers them, alone or batched), until the readings settle the choice
         (`lone_readings_settled`); returns the readings, (text, ids) each."""
         readings: list[tuple[str, list[int]]] = []
         while self.chunks and not lone_readings_settled([text for text, _ in readings], self.params.abstain_answer):
@@ -421,7 +430,7 @@ class LoneReadings:
                     ids = done.value.answer_ids
                     break
                 # Its DecodeSteps are not the answer's: only the requests go out.
-                reply = (yield item) if isinstance(item, LogitsRequest) else None
+                reply = (yield item) if isinstance(item, (LogitsRequest, BlockDone)) else None
             readings.append((tokenizer.decode(ids, skip_special_tokens=True).strip(), ids))
         return readings
 
@@ -444,7 +453,8 @@ class PreparedAnswer:
         self.paged = isinstance(self.decoder, PagedStaticDecoder)
 
     def steps(self, runner: Runner, tokenizer
-              ) -> Generator[LogitsRequest | DecodeStep | JointAnswer, torch.Tensor | DecidedStep | None, AnswerResult]:
+              ) -> Generator[LogitsRequest | BlockDone | DecodeStep | JointAnswer,
+                             torch.Tensor | DecidedStep | BlockRefreshed | None, AnswerResult]:
         """The question's decoding as a loop its driver answers (as `decode_blocks`): where chunks
         are read alone, ReadsAlone first; a LogitsRequest before each step, the DecodeStep after
         it; then, where chunks are read alone, the JointAnswer and the lone readings'

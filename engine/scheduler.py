@@ -169,7 +169,7 @@ class _Active:
     submitted: _Submitted
     prepared: PreparedAnswer
     loop: object  # the PreparedAnswer.steps generator
-    request: LogitsRequest | None = None
+    request: LogitsRequest | BlockDone | None = None  # what its loop waits for
 
 
 @dataclass(eq=False)
@@ -474,7 +474,7 @@ class AnswerScheduler:
             self.batch_sizes[len(group)] += 1
         if alone:
             self.batch_sizes[1] += len(alone)
-        replies: list[tuple[_Active, torch.Tensor | DecidedStep | BlockRefreshed | BaseException]] = []
+        replies: list[tuple[_Active, torch.Tensor | DecidedStep | BlockRefreshed | BaseException | None]] = []
         for block_length, group in by_block.items():
             batch = self._batches.setdefault(block_length, StaticBatch(self.runner))
             try:
@@ -485,7 +485,10 @@ class AnswerScheduler:
         for a in alone:
             try:
                 r = a.request
-                replies.append((a, r.decoder.slot_logits(r.block, r.answer, r.slots)))
+                if isinstance(r, BlockDone):  # (batched only; here it would be left to its loop)
+                    replies.append((a, None))
+                else:
+                    replies.append((a, r.decoder.slot_logits(r.block, r.answer, r.slots)))
             except BaseException as exc:  # noqa: BLE001
                 replies.append((a, exc))
         for active, reply in replies:

@@ -186,6 +186,46 @@ def test_a_block_refreshed_as_a_row_of_the_batch_equals_its_refresh_alone(engine
     batch.clear()
 
 
+def test_a_failed_refresh_is_its_own_questions_error_and_a_full_row_is_let_go(engines, monkeypatch):
+    """Growing a refreshed context fails (out of memory, say): that BlockDone's reply is the error,
+    its row is let go, and the question stepped beside it has its logits. A block that would not
+    fit after its row's context (a step just long enough) lets the row go, to be copied whole."""
+    from engine.decode.static import _BatchedStep
+
+    engine = engines["dream"]
+    runner = engine.runner
+    docs = _documents(engine, 2)
+    prepared = [prepare_answer(runner, engine.tokenizer, [docs[i]], f"Which berth is number {i}?", _params())
+                for i in range(2)]
+    done = _to_block_done(decode_blocks(prepared[0].decoder, runner.cfg, prepared[0].sampling, prepared[0].generator,
+                                        runner.device))
+    other = next(decode_blocks(prepared[1].decoder, runner.cfg, prepared[1].sampling, prepared[1].generator,
+                               runner.device))
+    before = done.decoder.ctx
+
+    def out_of_memory(self, block_kv, anchor_logits):
+        raise torch.OutOfMemoryError("no room for the grown context")
+    with monkeypatch.context() as patch:
+        patch.setattr(StaticDecoder, "take_block", out_of_memory)
+        batch = StaticBatch(runner)
+        replies = batch.step([other, done], decide=False)
+    assert isinstance(replies[1], torch.OutOfMemoryError) and done.decoder.ctx is before
+    assert not any(m is before for m in batch._step.members)
+    torch.testing.assert_close(replies[0], other.decoder.slot_logits(other.block, other.answer, other.slots),
+                               atol=2e-5, rtol=1e-4)
+    batch.clear()
+
+    ctx = done.decoder.ctx
+    tight = _BatchedStep(runner, 1, ctx.key_valid.shape[1], 8, ctx.kv[0][0])  # no room for one more block
+    row = tight.place([ctx])[0]
+    tight([row], done.answer[None, :8], ctx.answer_start + torch.arange(8)[None])
+    done.decoder.take_block(tight.block_kv(row), None)
+    tight.grow(row, ctx, done.decoder.ctx)
+    assert tight.members[row] is None and not tight.valid[row, :tight.context_len].any()
+    with pytest.raises(ValueError, match="does not hold"):
+        tight.grow(row, ctx, done.decoder.ctx)
+
+
 @pytest.mark.parametrize("family", ["dream", "llada"])
 def test_scheduled_answers_equal_the_questions_alone(engines, family, monkeypatch):
     """Five questions at once over five documents, two answer lengths (so some leave the batch

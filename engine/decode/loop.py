@@ -221,8 +221,10 @@ def decode_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
                 break
         if stopped_early:
             break
-        if block < params.num_blocks - 1 and not isinstance((yield BlockDone(decoder, block, answer)), BlockRefreshed):
-            decoder.block_done(block, answer)
+        if block < params.num_blocks - 1:
+            refreshed = yield BlockDone(decoder, block, answer)
+            if not isinstance(refreshed, BlockRefreshed):  # the driver left it to the loop
+                decoder.block_done(block, answer)
     return DecodeOutcome(answer_ids=cut_at_stop(canvas, cfg.stop_token_ids), canvas=canvas,
                          steps=step, forward_passes=decoder.forward_passes,
                          stopped_early=stopped_early)

@@ -437,7 +437,8 @@ class _BatchedStep:
         self.ids = torch.full((rows, block_length), cfg.mask_token_id, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, block_length, dtype=torch.long, device=device)
         # Block row j's logits predict block slot j (for a shifted model slot 0 takes the anchor); a
-        # shifted model's logits add the block's last row, the next block's anchor once it is settled.
+        # shifted model's logits add the block's last row, the next block's anchor once it is settled
+        # (computed at every step for every row, since a graph has one shape: one lm_head row more).
         rows_for_slots = (prediction_rows(torch.arange(1, block_length + 1), cfg.logits_shifted) - 1).clamp_min(0)
         if cfg.logits_shifted:
             rows_for_slots = torch.cat((rows_for_slots, torch.tensor([block_length - 1])))
@@ -458,8 +459,7 @@ class _BatchedStep:
         asked for are freed; a new one is copied into a free row."""
         for row, member in enumerate(self.members):
             if member is not None and not any(member is c for c in contexts):
-                self.members[row] = None
-                self.valid[row, :self.context_len] = False
+                self.let_go(row)
         rows = []
         for ctx in contexts:
             row = next((i for i, m in enumerate(self.members) if m is ctx), None)
@@ -478,22 +478,28 @@ class _BatchedStep:
         self.valid[row, n:self.context_len] = False
         self.members[row] = ctx
 
+    def let_go(self, row: int) -> None:
+        """Frees `row`: no member, no valid context key."""
+        self.members[row] = None
+        self.valid[row, :self.context_len] = False
+
     def block_kv(self, row: int) -> list[LayerKV]:
         """The KV the last forward computed for `row`'s block: per layer views [1, Hkv, block, D]
         (overwritten by the next forward)."""
         return [(layer.keys[row:row + 1, :, -self.block_length:], layer.values[row:row + 1, :, -self.block_length:])
                 for layer in self.layers]
 
-    def grow(self, row: int, ctx: FixedContext) -> None:
-        """`row`'s member becomes `ctx`, its context with the block the last forward computed
-        appended: copied after the row's context where the buffers have room, else the row is let
-        go (the next `place` copies `ctx` whole, into a longer step if need be)."""
-        n = ctx.key_valid.shape[1] - self.block_length  # the context before the block
-        if ctx.key_valid.shape[1] > self.context_len:
-            self.members[row] = None
-            self.valid[row, :self.context_len] = False
+    def grow(self, row: int, old: FixedContext, ctx: FixedContext) -> None:
+        """`row`'s member `old` becomes `ctx`, `old` with the block the last forward computed
+        appended: the block is copied after `old` in the row where the buffers have room, else the
+        row is let go (the next `place` copies `ctx` whole, into a longer step if need be)."""
+        n = old.key_valid.shape[1]
+        if self.members[row] is not old or ctx.key_valid.shape[1] != n + self.block_length:
+            raise ValueError("the row does not hold the context that grew by its block")
+        if n + self.block_length > self.context_len:
+            self.let_go(row)
             return
-        for layer in self.layers:
+        for layer in self.layers:  # [rows, Hkv, context_len + block, D]: the active block is the last slots
             layer.keys[row, :, n:n + self.block_length] = layer.keys[row, :, -self.block_length:]
             layer.values[row, :, n:n + self.block_length] = layer.values[row, :, -self.block_length:]
         self.valid[row, n:n + self.block_length] = True
@@ -541,9 +547,12 @@ class StaticBatch:
         one it accepts whose block's end does nothing else (no re-selection)."""
         return StaticBatch.accepts(decoder) and decoder.on_block_done is None
 
-    def _step_for(self, decoders: list[StaticDecoder]) -> _BatchedStep:
+    def _step_for(self, requests: list) -> _BatchedStep:
+        decoders: list[StaticDecoder] = [r.decoder for r in requests]
         rows, block = batch_rows(len(decoders)), decoders[0].block_length
-        need = max(d.ctx.key_valid.shape[1] for d in decoders)
+        # A refresh's row grows by its block in place (`grow`): room for it now saves copying every
+        # row into a longer step at the next one.
+        need = max(r.decoder.ctx.key_valid.shape[1] + (block if isinstance(r, BlockDone) else 0) for r in requests)
         length = -(-need // BATCH_CONTEXT_ROUND) * BATCH_CONTEXT_ROUND
         like = decoders[0].ctx.kv[0][0]
         step = self.runner.kept("batched static step", (rows, block), MAX_BATCH_STEPS,
@@ -556,23 +565,24 @@ class StaticBatch:
 
     def slot_logits(self, requests: list) -> list[torch.Tensor]:
         """For each LogitsRequest (all of StaticDecoders with one block length that `accepts`), the
-        logits [M, V] its decoder's `slot_logits` gives alone, from one forward of all of them."""
+        logits [M, V] its decoder's `slot_logits` gives alone, from one forward of all of them (a
+        BlockDone among them is refreshed, its reply BlockRefreshed or its error)."""
         return self.step(requests, decide=False)
 
     @torch.inference_mode()
-    def step(self, requests: list, decide: bool = True) -> list[torch.Tensor | DecidedStep | BlockRefreshed]:
+    def step(self, requests: list, decide: bool = True
+             ) -> list[torch.Tensor | DecidedStep | BlockRefreshed | BaseException]:
         """The requests' step from one forward of all of them: each BlockDone's finished block (its
         final tokens) computed as a row, its KV and anchor joining the decoder's context
-        (`StaticDecoder.take_block`); where `decide`, the steps of the LogitsRequests
-        `decided_together` decided and written at once (`decide_together`); logits for the others."""
+        (`_refresh`; an error there is that request's reply alone); where `decide`, the steps of the
+        LogitsRequests `decided_together` decided and written at once (`decide_together`); logits
+        for the others."""
         logits, rows = self._forward(requests)  # [rows, S (+1), V]
         shifted, block_length = self.runner.cfg.logits_shifted, requests[0].decoder.block_length
-        out: dict[int, DecidedStep | BlockRefreshed] = {}
+        out: dict[int, DecidedStep | BlockRefreshed | BaseException] = {}
         for i, (r, row) in enumerate(zip(requests, rows, strict=True)):
             if isinstance(r, BlockDone):
-                r.decoder.take_block(self._step.block_kv(row), logits[row, block_length].clone() if shifted else None)
-                self._step.grow(row, r.decoder.ctx)
-                out[i] = BlockRefreshed()
+                out[i] = self._refresh(r, row, logits[row, block_length] if shifted else None)
         together = [i for i, r in enumerate(requests) if decide and isinstance(r, LogitsRequest) and r.decided_together]
         if together:
             decided = decide_together([requests[i] for i in together], logits[:, :block_length],
@@ -584,14 +594,28 @@ class StaticBatch:
                     r.decoder.ctx.anchor_logits, shifted)
                 for i, (r, row) in enumerate(zip(requests, rows, strict=True))]
 
+    def _refresh(self, done: BlockDone, row: int, anchor_logits: torch.Tensor | None) -> BlockRefreshed | BaseException:
+        """The BlockDone's block, just computed in `row`, joins its decoder's context and the row.
+        Growing the context allocates it anew, the likeliest place to run out of memory: an error
+        is returned (the question's own, its row let go), not raised into the other questions'."""
+        step, old = self._step, done.decoder.ctx
+        try:
+            done.decoder.take_block(step.block_kv(row), None if anchor_logits is None else anchor_logits.clone())
+            step.grow(row, old, done.decoder.ctx)
+            return BlockRefreshed()
+        except Exception as exc:  # noqa: BLE001 - the question's error goes to its asker
+            step.let_go(row)
+            return exc
+
     def _forward(self, requests: list) -> tuple[torch.Tensor, list[int]]:
-        """The batched block forward of the requests: logits [rows, block, V] (overwritten by the
-        next forward) and each request's row."""
+        """The batched block forward of the requests (LogitsRequests and BlockDones): logits
+        [rows, block (+1 for a shifted model), V] (overwritten by the next forward) and each
+        request's row."""
         decoders: list[StaticDecoder] = [r.decoder for r in requests]
         block_length = decoders[0].block_length
         if any(d.block_length != block_length for d in decoders):
             raise ValueError("a batch steps one block length")
-        step = self._step_for(decoders)
+        step = self._step_for(requests)
         try:
             rows = step.place([d.ctx for d in decoders])
         except BaseException:

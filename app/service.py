@@ -152,7 +152,11 @@ def answer_warning(text: str, citations: list[Citation], best_score: float, weak
     answer none of the passages contains, from a model that copies its answers (`extractive`), is
     flagged; else a best score below `weak_score` warns that the documents may not hold the answer."""
     if abstain_answer and abstains(text, abstain_answer):
-        return "", "Not found: the documents may not contain this (the chosen passages do not say it)."
+        # Measured (model card): where the bundled model abstains, the passage holding the answer
+        # is often among the chosen ones, in a wording it does not read; so the warning sends the
+        # reader to them rather than claiming they do not say it.
+        return "", ("Not found: no answer was read in the chosen passages. The documents may not contain it, or "
+                    "may word it in a way the model does not read: check the passages cited.")
     if extractive and not answer_in_passages(text, [Passage(c.document_id, c.char_start, c.char_end, c.text)
                                                     for c in citations]):
         return text, ("Check this answer: none of the chosen passages contains it, so it may not come from "

@@ -12,12 +12,12 @@ batched forward (`StaticBatch`: each row over its own chunks and answer; a captu
 batch size), where the rule allows decides their commits in one batched call too
 (`decide_together`), answers any other decoder alone, and hands each question its DecodeStep. A
 question whose block is settled has that block's KV refreshed as a row of the same forward
-(`BlockDone`), so questions of several blocks batch their refreshes with the others' steps. A question joins
-between steps, once prepared, and leaves when its answer is settled, so short answers never wait
-for long ones; a question that reads its chunks alone after (AnswerParams.reads_chunks_alone)
-posts its JointAnswer and stays in the batch for the lone readings' steps. Greedy answers are
-the same tokens as the question alone gives (tests/test_scheduler.py), up to the floating-point
-order of a batched matmul.
+(`BlockDone`), so questions of several blocks batch their refreshes with the others' steps. A
+question joins between steps, once prepared, and leaves when its answer is settled, so short
+answers never wait for long ones; a question that reads its chunks alone after
+(AnswerParams.reads_chunks_alone) posts its JointAnswer and stays in the batch for the lone
+readings' steps. Greedy answers are the same tokens as the question alone gives
+(tests/test_scheduler.py), up to the floating-point order of a batched matmul.
 
 The paged GPU layout shares one set of buffers (`engine.decode.paged`) and steps alone, so only a
 question prepared while no other is decoding or waiting takes it; the others take the contiguous

@@ -457,8 +457,8 @@ class PreparedAnswer:
                              torch.Tensor | DecidedStep | BlockRefreshed | None, AnswerResult]:
         """The question's decoding as a loop its driver answers (as `decode_blocks`): where chunks
         are read alone, ReadsAlone first; a LogitsRequest before each step, the DecodeStep after
-        it; then, where chunks are read alone, the JointAnswer and the lone readings'
-        LogitsRequests. Returns the AnswerResult.
+        it, a BlockDone between two blocks; then, where chunks are read alone, the JointAnswer and
+        the lone readings' LogitsRequests and BlockDones. Returns the AnswerResult.
 
         An error the driver throws in during the lone readings, or one of theirs, ends them: the
         joint answer stands, unchecked (`trace.lone_failed`, logged). Drivers stop the question

@@ -7,7 +7,7 @@ twice: with each question's own sampling and commit after the batched forward, a
 questions' steps decided together (`engine.decode.loop.decide_together`, what the scheduler runs);
 then the peak GPU memory.
 
-    python scripts/profile_batched_step.py [--shape dream-7b] [--context 32768] [--questions 16]
+    python scripts/profile_batched_step.py [--shape dream-7b] [--context 32768] [--questions 16] [--block-length 8]
     python scripts/profile_batched_step.py --device cpu --shape tiny --context 2048   # the CPU's
 """
 
@@ -20,7 +20,7 @@ import torch
 
 from engine import AnswerParams, SamplingParams
 from engine.attention import select_backend
-from engine.decode.loop import LogitsRequest, decode_blocks
+from engine.decode.loop import BlockDone, LogitsRequest, decode_blocks
 from engine.decode.static import StaticBatch
 from engine.method.answer import prepare_answer
 from engine.method.prefill import prefill_document
@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=32768)
     parser.add_argument("--questions", type=int, default=16)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--block-length", type=int, default=32, help="answer slots a step recomputes (of 32)")
     args = parser.parse_args()
     device, cfg, n = torch.device(args.device), SHAPES[args.shape], args.questions
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -43,7 +44,8 @@ def main() -> None:
     docs = [prefill_document(runner, torch.randint(8, cfg.vocab_size, (args.context,), generator=gen), 512)
             for _ in range(n)]
     prompts = [random_question(cfg, gen) for _ in range(n)]
-    sampling = SamplingParams(decoder="low_confidence", gen_length=32, block_length=32, steps=32, stop_at_eos=False)
+    sampling = SamplingParams(decoder="low_confidence", gen_length=32, block_length=args.block_length, steps=32,
+                              stop_at_eos=False)
     params = AnswerParams(top_k=4, kv_mode="static", scoring=BENCH_SCORING, sampling=sampling,
                           static_layout="contiguous")
     for _ in range(2):  # the first round compiles and captures
@@ -97,9 +99,10 @@ def _sync(device: torch.device) -> None:
 
 
 def _next_request(loop, reply):
-    """Sends the logits into a question's decode loop and runs it to its next LogitsRequest."""
+    """Sends the step's reply into a question's decode loop and runs it to its next LogitsRequest,
+    or BlockDone (refreshed in the next batched step, as the scheduler does)."""
     item = loop.send(reply)
-    while not isinstance(item, LogitsRequest):
+    while not isinstance(item, (LogitsRequest, BlockDone)):
         item = loop.send(None)
     return item
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -259,6 +260,29 @@ def test_scheduled_answers_equal_the_questions_alone(engines, family, monkeypatc
         assert b.answer_ids == a.answer_ids and b.text == a.text
         assert [(r.document, r.chunk) for r in b.trace.selected] == [(r.document, r.chunk) for r in a.trace.selected]
         assert b.trace.steps == a.trace.steps
+
+
+def test_a_question_that_reselects_at_a_blocks_end_is_refreshed_by_its_own_loop(engines):
+    """A question re-selecting its chunks after each block (reselect_every) is never refreshed by
+    the batch (its block's end is its own pass over a new selection), beside one that is: both
+    answers as alone."""
+    engine = engines["llada"]
+    docs = _documents(engine, 2)
+    asks = [(docs[0], "Which pier is it?", dataclasses.replace(_params(gen_length=16), reselect_every=1)),
+            (docs[1], "And the date?", _params(gen_length=16))]
+    alone = [engine.answer(doc, q, p) for doc, q, p in asks]
+    decoder = prepare_answer(engine.runner, engine.tokenizer, [docs[0]], asks[0][1], asks[0][2]).decoder
+    assert decoder.on_block_done is not None and StaticBatch.accepts(decoder) and not StaticBatch.refreshes(decoder)
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=4)
+    try:
+        with scheduler.turn():
+            handles = [scheduler.submit([doc], q, p) for doc, q, p in asks]
+        results = [list(h)[-1] for h in handles]
+        assert max(scheduler.batch_sizes) > 1
+    finally:
+        scheduler.close()
+    for a, b in zip(alone, results, strict=True):
+        assert b.answer_ids == a.answer_ids and b.trace.steps == a.trace.steps
 
 
 def test_an_error_or_a_cancel_ends_only_its_own_question(engines):

@@ -131,13 +131,10 @@ def decide_together(requests: list[LogitsRequest], block_logits: torch.Tensor, r
     width = max(len(r.masked) for r in requests)
     # [N, width] block slots of each request's masked ones, a row padded with its first masked slot
     # (a pad is not a candidate, and is given that slot's decision below, so it writes the same).
-    index = torch.empty(len(requests), width, dtype=torch.long)
-    candidates = torch.zeros(len(requests), width, dtype=torch.bool)
-    for i, r in enumerate(requests):
-        local = [p - r.block * block_length for p in r.masked]
-        index[i] = torch.tensor(local + local[:1] * (width - len(local)))
-        candidates[i, :len(local)] = True
-    index, candidates = index.to(device), candidates.to(device)
+    local = [[p - r.block * block_length for p in r.masked] for r in requests]
+    index = torch.tensor([slots + slots[:1] * (width - len(slots)) for slots in local], device=device)
+    candidates = torch.tensor([[True] * len(slots) + [False] * (width - len(slots)) for slots in local],
+                              device=device)
     logits = block_logits[torch.tensor(rows, device=device)[:, None], index]  # [N, width, V]
     if shifted and any(r.masked[0] == r.block * block_length for r in requests):
         stacked = torch.stack([a if a is not None else block_logits[row, 0]  # no anchor: the row's own

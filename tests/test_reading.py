@@ -14,7 +14,7 @@ from engine.method.answer import prepare_answer
 from engine.method.kv_cache import take_chunks
 from engine.method.reading import abstains, choose_lone_reading, lone_readings_settled
 from engine.scheduler import AnswerScheduler
-from tests.tiny_inputs import doc_ids
+from tests.tiny_inputs import asked_together, doc_ids
 
 
 def test_abstaining_ignores_case_spacing_and_a_full_stop():
@@ -150,13 +150,7 @@ def test_scheduled_questions_read_their_chunks_alone_as_each_asked_alone(engines
     asks = [(doc, question, from_second), (other, "Which pier is it?", params), (other, "And the date?", longer)]
     expected = [engine.answer(d, q, p) for d, q, p in asks]
     assert expected[0].trace.answered_from == 1
-    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=4)
-    try:
-        with scheduler.turn():  # held while they arrive, so they are admitted together
-            handles = [scheduler.submit([d], q, p) for d, q, p in asks]
-        events = [list(h) for h in handles]
-    finally:
-        scheduler.close()
+    events, scheduler = asked_together(engine, asks, max_batch=4)
     assert max(scheduler.batch_sizes) == 3
     for got, want in zip(events, expected, strict=True):
         assert sum(isinstance(e, JointAnswer) for e in got) == sum(isinstance(e, ReadsAlone) for e in got) == 1
@@ -186,14 +180,8 @@ def test_scheduled_lone_readings_equal_the_questions_alone_on_the_gpu(dream_dir)
         asks.append((doc, q, p))
     alone = [engine.answer(doc, q, p) for doc, q, p in asks]
     assert all(a.trace.lone_answers for a in alone)  # (answered from one: where its lone readings differ)
-    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=8)
-    try:
-        with scheduler.turn():
-            handles = [scheduler.submit([doc], q, p) for doc, q, p in asks]
-        results = [list(h)[-1] for h in handles]
-        assert max(scheduler.batch_sizes) > 1
-    finally:
-        scheduler.close()
-    for a, b in zip(alone, results, strict=True):
+    events, scheduler = asked_together(engine, asks, max_batch=8)
+    assert max(scheduler.batch_sizes) > 1
+    for a, b in zip(alone, [e[-1] for e in events], strict=True):
         assert (b.text, b.answer_ids, b.trace.lone_answers, b.trace.answered_from) == \
             (a.text, a.answer_ids, a.trace.lone_answers, a.trace.answered_from)

@@ -22,7 +22,7 @@ from engine.decode.sampling import StepPlan
 from engine.decode.static import StaticBatch, StaticDecoder
 from engine.method.answer import AnswerResult, prepare_answer
 from engine.scheduler import AnswerScheduler, FairTurns, QueueFull
-from tests.tiny_inputs import doc_ids
+from tests.tiny_inputs import asked_together, doc_ids
 
 
 def _params(gen_length: int = 16, block_length: int = 8, top_k: int = 3, **kw) -> AnswerParams:
@@ -241,22 +241,14 @@ def test_scheduled_answers_equal_the_questions_alone(engines, family, monkeypatc
     def refreshed_alone(self, block, answer):
         raise AssertionError("a scheduled question's block was refreshed on its own")
     monkeypatch.setattr(StaticDecoder, "block_done", refreshed_alone)
-    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=8)
-    try:
-        # Held while they arrive: the scheduler drafts the first (at most) and waits for the model,
-        # so the rest are prepared together, their chunks scored in shared passes.
-        with scheduler.turn():
-            handles = [scheduler.submit([doc], q, p) for doc, q, p in asks]
-        results = []
-        for handle in handles:
-            events = list(handle)
-            assert all(isinstance(e, DecodeStep) for e in events[:-1]) and isinstance(events[-1], AnswerResult)
-            results.append(events[-1])
-        assert max(scheduler.batch_sizes) > 1  # they did share steps
-        assert max(scheduler.prepared_together) > 1  # and scoring passes
-    finally:
-        scheduler.close()
-    for a, b in zip(alone, results, strict=True):
+    # Held while they arrive: the scheduler drafts the first (at most) and waits for the model, so
+    # the rest are prepared together, their chunks scored in shared passes.
+    events, scheduler = asked_together(engine, asks, max_batch=8)
+    for each in events:
+        assert all(isinstance(e, DecodeStep) for e in each[:-1]) and isinstance(each[-1], AnswerResult)
+    assert max(scheduler.batch_sizes) > 1  # they did share steps
+    assert max(scheduler.prepared_together) > 1  # and scoring passes
+    for a, b in zip(alone, [e[-1] for e in events], strict=True):
         assert b.answer_ids == a.answer_ids and b.text == a.text
         assert [(r.document, r.chunk) for r in b.trace.selected] == [(r.document, r.chunk) for r in a.trace.selected]
         assert b.trace.steps == a.trace.steps
@@ -273,15 +265,9 @@ def test_a_question_that_reselects_at_a_blocks_end_is_refreshed_by_its_own_loop(
     alone = [engine.answer(doc, q, p) for doc, q, p in asks]
     decoder = prepare_answer(engine.runner, engine.tokenizer, [docs[0]], asks[0][1], asks[0][2]).decoder
     assert decoder.on_block_done is not None and StaticBatch.accepts(decoder) and not StaticBatch.refreshes(decoder)
-    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=4)
-    try:
-        with scheduler.turn():
-            handles = [scheduler.submit([doc], q, p) for doc, q, p in asks]
-        results = [list(h)[-1] for h in handles]
-        assert max(scheduler.batch_sizes) > 1
-    finally:
-        scheduler.close()
-    for a, b in zip(alone, results, strict=True):
+    events, scheduler = asked_together(engine, asks, max_batch=4)
+    assert max(scheduler.batch_sizes) > 1
+    for a, b in zip(alone, [e[-1] for e in events], strict=True):
         assert b.answer_ids == a.answer_ids and b.trace.steps == a.trace.steps
 
 
@@ -364,14 +350,9 @@ def test_scheduled_answers_equal_the_questions_alone_on_the_gpu(family, dream_di
     asks = [(docs[i], f"Question {i}: what is the code of pier {i}?", _params(gen_length=16 if i % 2 else 8))
             for i in range(6)]
     alone = [engine.answer(doc, q, p) for doc, q, p in asks]
-    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=8)
-    try:
-        with scheduler.turn():  # all six are admitted together once the turn is given back
-            handles = [scheduler.submit([doc], q, p) for doc, q, p in asks]
-        results = [list(h)[-1] for h in handles]
-        assert max(scheduler.batch_sizes) > 2
-    finally:
-        scheduler.close()
+    events, scheduler = asked_together(engine, asks, max_batch=8)  # all six admitted together
+    assert max(scheduler.batch_sizes) > 2
+    results = [e[-1] for e in events]
     layouts = {r.trace.static_layout for r in results}
     assert {"paged", "contiguous"} <= layouts or layouts == {"contiguous"}
     for a, b in zip(alone, results, strict=True):
@@ -472,13 +453,7 @@ def test_a_failed_shared_pass_lets_each_question_run_its_own(engines, monkeypatc
     alone = [engine.answer(doc, q, p) for doc, q, p in asks]
     monkeypatch.setattr(scheduler_module, "score_questions", out_of_memory)
     monkeypatch.setattr(scheduler_module, "static_contexts", out_of_memory)
-    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=8)
-    try:
-        with scheduler.turn():  # they arrive together, so they are prepared together
-            handles = [scheduler.submit([doc], q, p) for doc, q, p in asks]
-        results = [list(handle)[-1] for handle in handles]
-        assert max(scheduler.prepared_together) > 1
-    finally:
-        scheduler.close()
-    for a, b in zip(alone, results, strict=True):
+    events, scheduler = asked_together(engine, asks, max_batch=8)  # they arrive, and are prepared, together
+    assert max(scheduler.prepared_together) > 1
+    for a, b in zip(alone, [e[-1] for e in events], strict=True):
         assert isinstance(b, AnswerResult) and b.answer_ids == a.answer_ids

@@ -1,4 +1,4 @@
-"""Turning an uploaded file into text with page spans: PDF (pypdf), plain text and Markdown.
+"""Turning an uploaded file into text with page spans: PDF (app.pdf_text: PDFium, pypdf), plain text and Markdown.
 
 Each page's text is normalised (`app.pdf_text.normalize`: ligatures, soft hyphens, words
 hyphenated across lines, runs of whitespace) and pages are joined with a blank line, so every

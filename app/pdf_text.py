@@ -1,8 +1,14 @@
 """Text of a PDF's pages, in a child process of its own (`python -m app.pdf_text`).
 
 A malformed file can hang or exhaust the parser; in a child it cannot take the app down, and the
-parent kills it after a time limit (`app.ingest.extract_pdf`). This module imports only pypdf, so
-the child starts in a fraction of a second.
+parent kills it after a time limit (`app.ingest.extract_pdf`). This module imports only pypdf and
+pypdfium2, so the child starts in a fraction of a second.
+
+pypdf opens the file and answers for it (encryption, passwords, damage, page labels); the words come
+from PDFium, which places spaces by the glyphs' positions. pypdf's own text glues the words of PDFs
+that space them by position instead of with space characters, as pdfTeX's often do (Debian's FAQ:
+"Thisdocumentgivesfrequentlyaskedquestions"), and takes about ten times as long. Where PDFium
+cannot read a file that pypdf can, pypdf's text is taken.
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ _LIGATURES = {"\ufb00": "ff", "\ufb01": "fi", "\ufb02": "fl", "\ufb03": "ffi", "
 _HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
 _SPACES = re.compile(r"[ \t\r\f\v\u00a0]+")
 _PARAGRAPH = re.compile(r"\n\s*\n+")
+# PDFium: U+FFFE marks a hyphen it found at a line's end (the word goes on on the next line); C0
+# controls are glyphs of symbol fonts with no Unicode mapping.
+_PDFIUM_HYPHEN_BREAK = re.compile("\ufffe\\s*")
+_CONTROLS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
 
 
 def normalize(text: str) -> str:
@@ -30,6 +40,41 @@ def normalize(text: str) -> str:
     paragraphs = [" ".join(line.strip() for line in p.splitlines() if line.strip())
                   for p in _PARAGRAPH.split(text)]
     return "\n\n".join(p for p in paragraphs if p)
+
+
+def pdfium_text(text: str) -> str:
+    """Pure: PDFium's page text as pypdf would give it (line breaks as \\n, its hyphen marks joined)."""
+    return _CONTROLS.sub("", _PDFIUM_HYPHEN_BREAK.sub("", text.replace("\r\n", "\n")))
+
+
+def _pdfium_page_texts(data: bytes, password: str | None, pages: int, emit: Callable[[list], None]
+                       ) -> list[str] | None:
+    """Each page's text through PDFium, or None where PDFium cannot read the file (or sees another
+    number of pages than pypdf)."""
+    try:
+        import pypdfium2 as pdfium
+    except ImportError:
+        return None
+    try:
+        pdf = pdfium.PdfDocument(data, password=password or None)
+    except pdfium.PdfiumError:
+        return None
+    try:
+        if len(pdf) != pages:
+            return None
+        texts = []
+        for i in range(pages):
+            page = pdf[i]
+            textpage = page.get_textpage()
+            texts.append(normalize(pdfium_text(textpage.get_text_range())))
+            for handle in (textpage, page):  # children before the document, as PDFium wants
+                handle.close()
+            emit(["progress", i + 1, pages])
+        return texts
+    except pdfium.PdfiumError:
+        return None
+    finally:
+        pdf.close()
 
 
 def _pdf_page_texts(data: bytes, password: str | None, emit: Callable[[list], None]) -> None:
@@ -51,10 +96,12 @@ def _pdf_page_texts(data: bytes, password: str | None, emit: Callable[[list], No
                 return
             n = len(reader.pages)
             labels = list(reader.page_labels) if n else []
-            texts = []
-            for i, page in enumerate(reader.pages):
-                texts.append(normalize(page.extract_text() or ""))
-                emit(["progress", i + 1, n])
+            texts = _pdfium_page_texts(data, password, n, emit)
+            if texts is None:
+                texts = []
+                for i, page in enumerate(reader.pages):
+                    texts.append(normalize(page.extract_text() or ""))
+                    emit(["progress", i + 1, n])
         except DependencyError as exc:
             emit(["error", "unsupported_encryption",
                   f"the PDF is encrypted in a way this installation cannot open ({exc}); "

@@ -195,6 +195,11 @@ ANSWER_MEMO = "answer-v5"  # {"document_ids": [...], "result": AskResult as JSON
 # Earlier versions' answers (another rule gave them), purged with a document as well: the memo
 # would evict them only by age, and a deleted document's answers must not outlive it.
 RETIRED_ANSWER_MEMOS = ("answer-v2", "answer-v3", "answer-v4")
+# A PDF's extracted text and pages ({"text", "pages", "mime"}), by the document's id. "extracted"
+# held pypdf's text, which glues the words of some PDFs (app.pdf_text): never read again, deleted
+# with its document.
+EXTRACTED_MEMO = "extracted-v2"
+EXTRACTED_MEMOS = (EXTRACTED_MEMO, "extracted")
 
 
 def _utc_now() -> str:
@@ -277,7 +282,7 @@ class DocQA:
         self.kv = kv_service(self.engine, self.store, self.pool, config.kv_encoding, model_turn=self.scheduler.turn)
         self.memo = ResultCache(self.store.root / "memo", read_only=self.store.read_only)
         for doc_id in self.store.removed_unfinished:  # an ingest killed midway: its extracted text goes too
-            self.memo.delete("extracted", doc_id)
+            self._forget_extraction(doc_id)
         if self.store.read_only:  # nothing can be added, but the web page still needs a folder of its own
             self.upload_dir = Path(tempfile.mkdtemp(prefix="docqa-uploads-"))
         else:
@@ -369,7 +374,7 @@ class DocQA:
         elif added:
             created = True
             say("extracting", 0.0)
-            entry = self.memo.get("extracted", doc_id)  # the same bytes were extracted before
+            entry = self.memo.get(EXTRACTED_MEMO, doc_id)  # the same bytes were extracted before
             remember = False
             if entry is None:
                 doc = extract(data, name, self.config.max_upload_bytes, password, self.config.extract_timeout_s,
@@ -388,7 +393,7 @@ class DocQA:
                 raise IngestError("storage", f"{name} could not be stored: {exc}") from None
             if remember:  # once its row exists: a kill from here on is undone by recovery, memo included
                 try:
-                    self.memo.set("extracted", doc_id, entry)
+                    self.memo.set(EXTRACTED_MEMO, doc_id, entry)
                 except Exception as exc:  # noqa: BLE001 - a cache: the ingest goes on without it
                     logger.warning("could not memoise the extraction of %s: %s", name, exc)
         else:
@@ -422,7 +427,11 @@ class DocQA:
         """Removes what an ingest that did not finish stored of a new document."""
         self.kv.forget(doc_id)
         self.store.delete_document(doc_id)
-        self.memo.delete("extracted", doc_id)
+        self._forget_extraction(doc_id)
+
+    def _forget_extraction(self, doc_id: str) -> None:
+        for namespace in EXTRACTED_MEMOS:
+            self.memo.delete(namespace, doc_id)
 
     def ingest_file(self, path: str | Path, **kw) -> tuple[DocumentInfo, bool]:
         path = Path(path)
@@ -454,7 +463,7 @@ class DocQA:
         self.store.require_writable()
         self.kv.forget(doc_id)
         found = self.store.delete_document(doc_id)
-        self.memo.delete("extracted", doc_id)
+        self._forget_extraction(doc_id)
         for namespace in (ANSWER_MEMO, *RETIRED_ANSWER_MEMOS):
             self.memo.delete_where(namespace, lambda entry: doc_id in entry.get("document_ids", []))
         self.memo.compact_log()

@@ -1,9 +1,10 @@
 """The document viewer: a cited page as an image with the chunk's text outlined on it, or for
 text and Markdown documents the passage around the chunk with the chunk marked.
 
-A chunk is known by its character span in the document's extracted text (pypdf's, normalised:
-`app.ingest`). The page image and the character boxes come from PDFium (`app.page_render`, in a
-child process), whose text of the same page differs in whitespace, line breaks, hyphenation and
+A chunk is known by its character span in the document's extracted text (`app.pdf_text`:
+PDFium's, normalised; pypdf's where PDFium could not read the file, and for documents stored
+before). The page image and the character boxes come from PDFium (`app.page_render`, in a child
+process), whose raw characters differ from that text in whitespace, line breaks, hyphenation and
 ligatures. The pure functions here bridge the two: the chunk's span is cut by page
 (`spans_on_pages`), each page's part is aligned to PDFium's characters (`align_texts`,
 `matched_indices`), and their boxes are merged into one rectangle a line (`line_boxes`) as

@@ -70,6 +70,28 @@ def test_pdf_pages_labels_and_offsets():
     assert page.label == str(FACTS[1]["page"])
 
 
+def test_pdfium_text_joins_its_hyphen_marks_and_drops_unmapped_glyphs():
+    from app.pdf_text import pdfium_text
+
+    assert pdfium_text("pointers to other docu\ufffe\r\nmentation will\r\nbe given\x01.") == \
+        "pointers to other documentation will\nbe given."
+
+
+FAQ_PDF = Path("/usr/share/doc/debian/FAQ/debian-faq.en.pdf.gz")
+
+
+@pytest.mark.skipif(not FAQ_PDF.exists(), reason="the debian-faq package is not installed")
+def test_words_spaced_by_position_are_read_apart():
+    """Debian's FAQ (pdfTeX, CID fonts) spaces its words by glyph position, not with space
+    characters: pypdf's text glued them ("Thisdocumentgives..."); PDFium's keeps them apart."""
+    import gzip
+
+    doc = extract(gzip.decompress(FAQ_PDF.read_bytes()), "debian-faq.pdf", 50 << 20)
+    assert "This document gives frequently asked questions" in doc.text
+    assert "Thisdocument" not in doc.text
+    assert doc.pages[0].label == "i"  # page labels as the PDF names them (pypdf's)
+
+
 def _encrypted(user_password: str) -> bytes:
     writer = PdfWriter(clone_from=PdfReader(io.BytesIO(small_pdf())))
     writer.encrypt(user_password=user_password, owner_password="owner")

@@ -100,7 +100,7 @@ INGEST = textwrap.dedent("""
 def test_an_ingest_killed_while_encoding_leaves_nothing(wide_kv_model, tmp_path):
     """SIGKILL in the middle of the prefill: at the next start the document is not in the library,
     and its text, upload, KV files, temporaries and memoised extraction are gone."""
-    from app.service import DocQA, ServiceConfig
+    from app.service import EXTRACTED_MEMOS, DocQA, ServiceConfig
 
     doc = tmp_path / "long.txt"
     doc.write_text(_words(8_000, seed=4))
@@ -120,6 +120,6 @@ def test_an_ingest_killed_while_encoding_leaves_nothing(wide_kv_model, tmp_path)
     for sub in ("documents", "kv", "uploads"):
         assert list((data / sub).iterdir()) == [], sub
     assert not list(data.rglob("*.tmp-*"))
-    assert service.memo.get("extracted", service.store.removed_unfinished[0]) is None
+    assert all(service.memo.get(ns, service.store.removed_unfinished[0]) is None for ns in EXTRACTED_MEMOS)
     info, added = service.ingest_file(doc, chunk_size=64)  # and adding it again works from scratch
     assert added and info.cached and info.record.status == "ready"

@@ -52,6 +52,19 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="RULER's random seed (42: the samples the model card reports; another: held-out samples "
                          "for tuning settings)")
 
+    ep = sub.add_parser("eval-pdfs", help="questions in people's own words about real PDFs (Debian manuals), "
+                                          "asked through the app: held-out sources first")
+    ep.add_argument("--model", type=Path, default=BUNDLED_MODEL)
+    ep.add_argument("--questions", type=Path, default=None,
+                    help="question file (default: tools/data/pdf_questions.jsonl)")
+    ep.add_argument("--sources", nargs="+", default=None, help="only these sources (default: every one in the file)")
+    ep.add_argument("--device", default=None)
+    ep.add_argument("--data-dir", type=Path, default=None,
+                    help="the app's library to ingest into (default: a temporary folder, removed after)")
+    ep.add_argument("--corpus", type=Path, default=None,
+                    help="a training corpus folder (training.prepare's): also print each source's overlap with it")
+    ep.add_argument("--out", type=Path, default=Path("eval-pdfs-out"))
+
     bn = sub.add_parser("bench", help="KV modes side by side on random-weight models at real shapes")
     bn.add_argument("--shape", choices=("dream-7b", "llada-8b", "tiny"), default="dream-7b")
     bn.add_argument("--contexts", type=int, nargs="+", default=[8192, 16384, 32768, 65536, 131072])
@@ -161,6 +174,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_eval_pdfs(args: argparse.Namespace) -> int:
+    from tools import pdf_questions
+
+    rows = pdf_questions.evaluate(args.model, args.out, args.questions or pdf_questions.QUESTIONS_FILE,
+                                  args.sources, args.device, args.data_dir, args.corpus,
+                                  progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(pdf_questions.summarize(rows))
+    return EXIT_OK
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
@@ -240,7 +263,7 @@ def _cmd_prefill_distributed(args: argparse.Namespace) -> int:
     return prefill_distributed(args)
 
 
-COMMANDS = {"eval": _cmd_eval, "eval-data": _cmd_eval_data, "bench": _cmd_bench,
+COMMANDS = {"eval": _cmd_eval, "eval-data": _cmd_eval_data, "eval-pdfs": _cmd_eval_pdfs, "bench": _cmd_bench,
             "make-random-model": _cmd_make_random_model, "prefill-distributed": _cmd_prefill_distributed,
             "replicas-config": _cmd_replicas_config}
 

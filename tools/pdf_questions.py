@@ -1,0 +1,296 @@
+"""`docqa-tools eval-pdfs`: questions typed in people's own words about real PDFs, asked through the app.
+
+Each question (tools/data/pdf_questions.jsonl) was written by reading one page of a real manual
+that a Debian documentation package installs, rephrased the way a user who has not read that page
+would ask, with its answer a short span of that page; a few per document ask what the document
+does not say ("no_answer"). The PDFs go through the app's own path: `DocQA.ingest` (extraction,
+sentence-aligned chunks, prefill, KV files, the BM25 index) and `DocQA.answer` (the prefilter, the
+scorer, static decoding, the abstention rule), with the model's defaults, so a row is what a user
+with that PDF would have been shown.
+
+The sources are split by *document source*: a held-out source's text is not in the training
+corpus (`training.corpus`: Debian's man, info, README and HTML documentation), a seen one's is (the
+same manual as info pages). `corpus_overlap` measures it: the share of the PDF's 8-word runs found
+in the corpus. Questions are never trained on, whatever the source.
+
+Scores: an answerable question is right when the shown answer holds one of its accepted answers as
+whole words (case, quotes and spacing ignored); "not found" when the app shows none; a no-answer
+question is right when it shows none. Also whether the answer's page was among the passages cited
+(retrieval) and among the chunks the scorer saw (the BM25 prefilter).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+QUESTIONS_FILE = Path(__file__).parent / "data" / "pdf_questions.jsonl"
+ANSWER_KINDS = ("number", "name", "identifier", "value", "phrase")
+NO_ANSWER = "no_answer"
+SHINGLE_WORDS = 8  # a run of this many words found in the corpus counts as seen text
+HELD_OUT_MAX_OVERLAP = 0.1  # a held-out source with more of its runs in the corpus is warned about
+
+
+@dataclass(frozen=True)
+class PdfSource:
+    name: str
+    package: str  # the Debian package that installs it (scripts/install_eval_pdfs.sh)
+    path: Path  # where the package puts it; a .gz is read decompressed
+    held_out: bool  # its text is not in the training corpus (see corpus_overlap)
+    title: str
+
+
+# Overlaps measured 2026-12-05 against the corpus training.prepare builds on the development
+# machine, with this module's text (PDFium's; `docqa-tools eval-pdfs --corpus .train-data/corpus`
+# prints them again): valgrind 4% (one asked page, Cachegrind's options, 51%: its man page says the
+# same), crc-doc 0%, mime-spec 0%; debian-faq 90% (its HTML is in the corpus), nettle 69%, bashref
+# 85%, bzip2 90%, libtasn1 86% (their info manuals are). training.corpus leaves the held-out
+# sources' packages out (HELD_OUT_PACKAGES).
+SOURCES: dict[str, PdfSource] = {s.name: s for s in (
+    PdfSource("valgrind", "valgrind", Path("/usr/share/doc/valgrind/valgrind_manual.pdf.gz"), True,
+              "Valgrind documentation (397 pages)"),
+    PdfSource("debian-faq", "debian-faq", Path("/usr/share/doc/debian/FAQ/debian-faq.en.pdf.gz"), False,
+              "The Debian GNU/Linux FAQ (73 pages)"),
+    PdfSource("crc-doc", "zlib1g-dev", Path("/usr/share/doc/zlib1g-dev/crc-doc.1.0.pdf.gz"), True,
+              "A CRC computation note from zlib (29 pages)"),
+    PdfSource("mime-spec", "shared-mime-info", Path("/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf"),
+              True, "Shared MIME-info Database specification (17 pages)"),
+    PdfSource("nettle", "nettle-dev", Path("/usr/share/doc/nettle-dev/nettle.pdf.gz"), False,
+              "Nettle cryptographic library manual (111 pages)"),
+    PdfSource("bashref", "bash-doc", Path("/usr/share/doc/bash/bashref.pdf"), False,
+              "Bash Reference Manual (196 pages)"),
+    PdfSource("bzip2", "bzip2-doc", Path("/usr/share/doc/bzip2/manual.pdf.gz"), False, "bzip2 manual (38 pages)"),
+    PdfSource("libtasn1", "libtasn1-doc", Path("/usr/share/doc/libtasn1-doc/libtasn1.pdf"), False,
+              "libtasn1 manual (36 pages)"),
+)}
+
+
+@dataclass(frozen=True)
+class PdfQuestion:
+    source: str
+    question: str
+    answers: list[str]  # accepted spans of the page; empty for a no-answer question
+    page: int | None  # 1-based physical page holding the answer
+    kind: str  # ANSWER_KINDS or NO_ANSWER
+    evidence: str  # the page's text holding the answer (for a no-answer question: what was searched)
+
+    @property
+    def answerable(self) -> bool:
+        return self.kind != NO_ANSWER
+
+
+def load_questions(path: Path = QUESTIONS_FILE, sources: dict[str, PdfSource] = SOURCES) -> list[PdfQuestion]:
+    """The question file, checked: known sources and kinds, answers where (and only where) answerable."""
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            q = PdfQuestion(**json.loads(line))
+        except (TypeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}:{n}: not a question record ({e})") from None
+        if q.source not in sources:
+            raise ValueError(f"{path}:{n}: unknown source {q.source!r}")
+        if q.kind not in (*ANSWER_KINDS, NO_ANSWER):
+            raise ValueError(f"{path}:{n}: unknown kind {q.kind!r}")
+        if q.answerable != bool(q.answers) or q.answerable != (q.page is not None):
+            raise ValueError(f"{path}:{n}: an answerable question needs answers and a page, a no-answer one neither")
+        out.append(q)
+    return out
+
+
+def _normalised(text: str) -> str:
+    text = re.sub("[\u2018\u2019]", "'", re.sub("[\u201c\u201d]", '"', text))
+    return " ".join(text.lower().split())
+
+
+def holds_answer(text: str, answers: Iterable[str]) -> bool:
+    """Pure: whether `text` holds one of `answers` as whole words ("16" is not in "160"), case,
+    curly quotes and spacing ignored."""
+    norm = _normalised(text)
+    return any(re.search(r"(?<![a-z0-9])" + re.escape(_normalised(a)) + r"(?![a-z0-9])", norm) for a in answers)
+
+
+def read_pdf(source: PdfSource) -> bytes:
+    """The installed PDF's bytes; a missing package is a clear error naming it."""
+    if not source.path.exists():
+        raise FileNotFoundError(f"{source.path} is missing: install the Debian package {source.package} "
+                                "(scripts/install_eval_pdfs.sh installs every source)")
+    data = source.path.read_bytes()
+    return gzip.decompress(data) if source.path.suffix == ".gz" else data
+
+
+def corpus_overlap(text: str, corpus_words: set[str]) -> float:
+    """Pure: the share of `text`'s consecutive SHINGLE_WORDS-word runs (stepping a run at a time)
+    that occur in the corpus (`corpus_shingles`)."""
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    runs = [" ".join(words[i:i + SHINGLE_WORDS]) for i in range(0, len(words) - SHINGLE_WORDS, SHINGLE_WORDS)]
+    return sum(r in corpus_words for r in runs) / max(1, len(runs))
+
+
+def corpus_shingles(corpus_dir: Path) -> set[str]:
+    """Every SHINGLE_WORDS-word run of a corpus folder that training.prepare wrote (its .txt.xz shards)."""
+    import lzma
+
+    shards = sorted(corpus_dir.glob("*.txt.xz"))
+    if not shards:
+        raise FileNotFoundError(f"no corpus shards (*.txt.xz) in {corpus_dir}")
+    out: set[str] = set()
+    for shard in shards:
+        with lzma.open(shard, "rt") as f:
+            words = re.findall(r"[a-z0-9]+", f.read().lower())
+        out.update(" ".join(words[i:i + SHINGLE_WORDS]) for i in range(len(words) - SHINGLE_WORDS + 1))
+    return out
+
+
+@dataclass(frozen=True)
+class PdfAnswerRow:
+    source: str
+    held_out: bool
+    kind: str
+    question: str
+    answers: list[str]
+    page: int | None
+    shown: str  # the answer as the app shows it ("" when it shows none)
+    warning: str | None
+    right: bool  # answerable: holds an accepted answer; no-answer: shows none
+    not_found: bool  # the app showed no answer
+    page_cited: bool | None  # the answer's page within a cited passage (None: no-answer question)
+    page_candidate: bool | None  # ... within a chunk the scorer saw
+    seconds: float
+    error: str | None = None
+
+
+def _page_within(page_index: int, spans: Iterable[tuple[int, int]]) -> bool:
+    return any(start <= page_index <= end for start, end in spans)
+
+
+def ask_all(service, questions: list[PdfQuestion], sources: dict[str, PdfSource] = SOURCES,
+            progress: Callable[[str], None] = print) -> list[PdfAnswerRow]:
+    """Ingests each source's PDF into `service` (an app.service.DocQA) and asks its questions."""
+    rows = []
+    for name in dict.fromkeys(q.source for q in questions):
+        source = sources[name]
+        start = time.perf_counter()
+        info, _ = service.ingest(read_pdf(source), f"{name}.pdf")
+        progress(f"{name}: {info.record.page_count} pages, {info.tokens} tokens, {info.chunks} chunks "
+                 f"({time.perf_counter() - start:.1f} s)")
+        for q in (q for q in questions if q.source == name):
+            t = time.perf_counter()
+            try:
+                res = service.answer(q.question, [info.record.id])
+            except (ValueError, RuntimeError) as e:  # one question's failure is its row, not the run's end
+                rows.append(PdfAnswerRow(name, source.held_out, q.kind, q.question, q.answers, q.page, "", None,
+                                         False, False, None, None, time.perf_counter() - t, str(e)))
+                continue
+            seconds = time.perf_counter() - t
+            not_found = not res.answer.strip()
+            right = holds_answer(res.answer, q.answers) if q.answerable else not_found
+            cited = candidate = None
+            if q.answerable:
+                cited = _page_within(q.page - 1, ((c.page_start, c.page_end) for c in res.citations))
+                candidate = _page_within(q.page - 1, ((s["page_start"], s["page_end"]) for s in res.scores))
+            row = PdfAnswerRow(name, source.held_out, q.kind, q.question, q.answers, q.page, res.answer,
+                               res.warning, right, not_found, cited, candidate, seconds)
+            rows.append(row)
+            progress(f"  {'right' if right else 'WRONG'} {q.question!r} -> {res.answer[:50]!r} "
+                     f"(expected {q.answers[:2] if q.answerable else 'not found'}; page "
+                     f"{'cited' if cited else 'not cited' if cited is not None else '-'}; {seconds:.1f} s)")
+    return rows
+
+
+def _share(rows: list[PdfAnswerRow], what: Callable[[PdfAnswerRow], bool | None]) -> str:
+    if not rows:
+        return "-"
+    hits = sum(bool(what(r)) for r in rows)
+    return f"{100 * hits / len(rows):.0f}% ({hits}/{len(rows)})"
+
+
+def summarize(rows: list[PdfAnswerRow]) -> str:
+    """Markdown: held-out sources first; answerable questions by source and by kind, then no-answer ones."""
+    out = []
+    for held_out, title in ((True, "Held-out sources (text not in the training corpus)"),
+                            (False, "Seen sources (their text is in the training corpus; the questions are not)")):
+        group = [r for r in rows if r.held_out == held_out]
+        if not group:
+            continue
+        answerable = [r for r in group if r.kind != NO_ANSWER]
+        out += [f"### {title}", "",
+                "| source | questions | right | shown \"not found\" | answer's page cited | page among scored |",
+                "|---|---|---|---|---|---|"]
+        for name in [*dict.fromkeys(r.source for r in answerable), "all"]:
+            part = answerable if name == "all" else [r for r in answerable if r.source == name]
+            out.append(f"| {'**all**' if name == 'all' else name} | {len(part)} | {_share(part, lambda r: r.right)} | "
+                       f"{_share(part, lambda r: r.not_found)} | {_share(part, lambda r: r.page_cited)} | "
+                       f"{_share(part, lambda r: r.page_candidate)} |")
+        out += ["", "| answer kind | questions | right |", "|---|---|---|"]
+        for kind in ANSWER_KINDS:
+            part = [r for r in answerable if r.kind == kind]
+            if part:
+                out.append(f"| {kind} | {len(part)} | {_share(part, lambda r: r.right)} |")
+        unanswerable = [r for r in group if r.kind == NO_ANSWER]
+        if unanswerable:
+            out += ["", f"No-answer questions shown \"not found\": {_share(unanswerable, lambda r: r.right)}"]
+        errors = [r for r in group if r.error]
+        if errors:
+            out += ["", f"Questions that failed: {len(errors)} ({errors[0].error})"]
+        out.append("")
+    seconds = sorted(r.seconds for r in rows)
+    if seconds:
+        out.append(f"Seconds a question (the app's answer call): median {seconds[len(seconds) // 2]:.2f}, "
+                   f"max {seconds[-1]:.2f}.")
+    return "\n".join(out)
+
+
+def evaluate(model_dir: Path, out_dir: Path, questions_file: Path = QUESTIONS_FILE,
+             only: list[str] | None = None, device: str | None = None, data_dir: Path | None = None,
+             corpus_dir: Path | None = None, progress: Callable[[str], None] = print,
+             sources: dict[str, PdfSource] = SOURCES) -> list[PdfAnswerRow]:
+    """Runs the set (`only` these sources, if given) through a fresh app (its library in
+    `data_dir`, else a temporary folder removed after) and writes results.jsonl, summary.md and
+    meta.json under `out_dir`."""
+    from app.service import DocQA, ServiceConfig
+
+    questions = load_questions(questions_file, sources)
+    if only:
+        unknown = sorted(set(only) - set(sources))
+        if unknown:
+            raise ValueError(f"unknown source(s) {', '.join(unknown)}; choose from {', '.join(sources)}")
+        questions = [q for q in questions if q.source in only]
+    for name in dict.fromkeys(q.source for q in questions):
+        read_pdf(sources[name])  # every PDF present before the model loads
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta: dict = {"model": str(model_dir), "questions": str(questions_file), "sources": {}}
+    if corpus_dir is not None:
+        from app.ingest import extract_pdf
+
+        seen = corpus_shingles(corpus_dir)
+        for name in dict.fromkeys(q.source for q in questions):
+            overlap = corpus_overlap(extract_pdf(read_pdf(sources[name])).text, seen)
+            meta["sources"][name] = {"corpus_overlap": round(overlap, 3), "held_out": sources[name].held_out}
+            progress(f"{name}: {overlap:.0%} of its {SHINGLE_WORDS}-word runs are in the corpus "
+                     f"({'held out' if sources[name].held_out else 'seen'})")
+            if sources[name].held_out and overlap > HELD_OUT_MAX_OVERLAP:
+                progress(f"warning: {name} is counted as held out, yet {overlap:.0%} of it is in this corpus")
+    library = data_dir or Path(tempfile.mkdtemp(prefix="docqa-eval-pdfs-"))
+    try:
+        service = DocQA(ServiceConfig(data_dir=library, model_dir=model_dir, device=device))
+        try:
+            meta["device"] = str(service.engine.device)
+            rows = ask_all(service, questions, sources, progress)
+        finally:
+            service.close()
+    finally:
+        if data_dir is None:
+            shutil.rmtree(library, ignore_errors=True)
+    (out_dir / "results.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
+    (out_dir / "summary.md").write_text(summarize(rows) + "\n")
+    (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return rows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
 from training.corpus import (
@@ -89,3 +90,22 @@ def test_build_keeps_held_out_kinds_apart(tmp_path):
     assert licences == [normalise(LICENCE + "\n\n" + ENGLISH)]
     assert "frobnication" in read_shard(tmp_path / "out" / manifest.shards["man"][0])[0]
     assert (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_build_leaves_out_the_held_out_packages_files(tmp_path):
+    """A file dpkg lists for a held-out package (a PDF source of `docqa-tools eval-pdfs`) is read
+    by no kind; the same text from another package is."""
+    from training.corpus import HELD_OUT_PACKAGES
+
+    doc_root = tmp_path / "doc"
+    for package in ("frobd", HELD_OUT_PACKAGES[0]):
+        (doc_root / package).mkdir(parents=True)
+        (doc_root / package / "README").write_text(f"{ENGLISH}\n\nThe {package} README ends here, so it does.")
+    dpkg = tmp_path / "dpkg"
+    dpkg.mkdir()
+    (dpkg / f"{HELD_OUT_PACKAGES[0]}:amd64.list").write_text(f"/.\n{doc_root / HELD_OUT_PACKAGES[0] / 'README'}\n")
+    manifest = build(tmp_path / "out", ("readme",), roots={"doc_root": doc_root}, dpkg_info=dpkg)
+    assert manifest.files_of_held_out_packages == 1 and manifest.kinds["readme"].files == 1
+    text = read_shard(tmp_path / "out" / manifest.shards["readme"][0])[0]
+    assert "frobd README" in text and HELD_OUT_PACKAGES[0] not in text
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["files_of_held_out_packages"] == 1

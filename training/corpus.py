@@ -13,6 +13,9 @@ Sources, each a *kind* (the unit of the train / held-out split, see `HELD_OUT_KI
 - `licences`: /usr/share/doc/*/copyright files. Held out: never trained on, kept as haystacks for
   the held-out lookup evaluation (a document source the model never saw).
 
+No kind reads a file of `HELD_OUT_PACKAGES` (the files dpkg lists for them): their PDF manuals are
+the held-out sources of `docqa-tools eval-pdfs`, so their man pages, READMEs and HTML stay out too.
+
 `scripts/install_corpus_sources.sh` installs the documentation packages. The same installed files
 give the same corpus: files are read in sorted order and every choice is seeded.
 
@@ -37,6 +40,9 @@ from pathlib import Path
 
 HOLDOUT = 1000  # HotpotQA entries RULER qa_2 draws its questions from (training.prepare keeps them out too)
 HELD_OUT_KINDS = ("licences",)
+# The packages of tools/pdf_questions.py's held-out PDF sources (tests check the two agree).
+HELD_OUT_PACKAGES = ("valgrind", "zlib1g-dev", "shared-mime-info")
+DPKG_INFO = Path("/var/lib/dpkg/info")
 DOC_SEPARATOR = "\x1e"  # ASCII record separator: never in the text (normalise removes control characters)
 SHARD_CHARS = 32 << 20
 MIN_PARAGRAPH_CHARS = 40  # shorter paragraphs (headings, menu lines) are kept only inside documents
@@ -69,10 +75,14 @@ class Manifest:
     kinds: dict[str, KindStats] = field(default_factory=dict)
     held_out_kinds: tuple[str, ...] = HELD_OUT_KINDS
     shards: dict[str, list[str]] = field(default_factory=dict)
+    held_out_packages: tuple[str, ...] = HELD_OUT_PACKAGES
+    files_of_held_out_packages: int = 0  # files skipped because a held-out package installed them
 
     def to_json(self) -> str:
         return json.dumps({"kinds": {k: asdict(v) for k, v in self.kinds.items()},
-                           "held_out_kinds": list(self.held_out_kinds), "shards": self.shards}, indent=2)
+                           "held_out_kinds": list(self.held_out_kinds), "shards": self.shards,
+                           "held_out_packages": list(self.held_out_packages),
+                           "files_of_held_out_packages": self.files_of_held_out_packages}, indent=2)
 
 
 # ---- text of each kind of file ------------------------------------------------------------------
@@ -195,6 +205,16 @@ def _translated(path: Path) -> bool:
     """Whether a manual page is a translation: under a folder named for a language other than
     English (html/de-DE/) or named for one (ch01.fr.html)."""
     return any(_LOCALE_DIR.match(part) for part in path.parts[:-1]) or bool(_LOCALE_SUFFIX.search(path.name))
+
+
+def package_files(packages: tuple[str, ...], dpkg_info: Path = DPKG_INFO) -> frozenset[Path]:
+    """Every path dpkg lists as installed by `packages` (any architecture's list); none where dpkg's
+    lists are absent."""
+    out: set[Path] = set()
+    for package in packages:
+        for listing in sorted(dpkg_info.glob(f"{package}.list")) + sorted(dpkg_info.glob(f"{package}:*.list")):
+            out.update(Path(line) for line in listing.read_text().splitlines() if line.strip())
+    return frozenset(out)
 
 
 def source_files(kind: str, doc_root: Path = Path("/usr/share/doc"), man_root: Path = Path("/usr/share/man"),
@@ -344,10 +364,12 @@ def read_shard(path: Path) -> list[str]:
 
 
 def build(out: Path, kinds: tuple[str, ...] = ALL_KINDS, max_chars_per_kind: int | None = None,
-          roots: dict[str, Path] | None = None) -> Manifest:
-    """Gathers, deduplicates and writes every kind (held-out kinds too, in their own shards)."""
+          roots: dict[str, Path] | None = None, dpkg_info: Path = DPKG_INFO) -> Manifest:
+    """Gathers, deduplicates and writes every kind (held-out kinds too, in their own shards),
+    leaving out the files of HELD_OUT_PACKAGES."""
     out.mkdir(parents=True, exist_ok=True)
     manifest = Manifest()
+    excluded = package_files(HELD_OUT_PACKAGES, dpkg_info)
     dedup = Deduplicator()
     roots = roots or {}
     # Held-out kinds are deduplicated first: a paragraph shared with a training source then stays
@@ -357,6 +379,9 @@ def build(out: Path, kinds: tuple[str, ...] = ALL_KINDS, max_chars_per_kind: int
         writer = ShardWriter(out, kind)
         if kind in FILE_KINDS:
             files = source_files(kind, **{k: v for k, v in roots.items() if k.endswith("_root")})
+            kept_files = [f for f in files if f not in excluded]
+            manifest.files_of_held_out_packages += len(files) - len(kept_files)
+            files = kept_files
             documents = ((f, d) for f in files for d in documents_of(kind, f))
         else:
             documents = ((None, d) for d in lce_documents(kind))
@@ -390,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         held = " (held out)" if kind in manifest.held_out_kinds else ""
         print(f"{kind:<9} {stats.files:>6} files {stats.documents:>7} documents {stats.chars / 1e6:>8.1f} M chars "
               f"({stats.duplicate_documents} duplicate documents, {stats.duplicate_paragraphs} paragraphs){held}")
+    print(f"left out: {manifest.files_of_held_out_packages} files of {', '.join(manifest.held_out_packages)} "
+          "(the held-out PDF sources' packages)")
     return 0
 
 

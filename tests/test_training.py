@@ -523,6 +523,18 @@ def test_sentence_questions_are_answered_by_a_span_of_their_sentence():
         "dbus-send was written by Philip Blundell.": ("written_by", "Philip Blundell", "Who wrote dbus-send?"),
         "PEP stands for Python Enhancement Proposal.": ("stands_for", "Python Enhancement Proposal", None),
         "Munin node listens on port 4949 for its master.": ("port", "4949", None),
+        "The maximum file size is 8 GiB.": ("limit", "8 GiB", "What is the maximum file size?"),
+        "The minimum size is 20GB, and the maximum is 64TB.": ("limit", "20GB", None),
+        "A commit with no parents is called a root commit.": ("called", "a root commit",
+                                                              "What is a commit with no parents called?"),
+        "The log file is kept in /var/log/frobd.": ("kept_in", "/var/log/frobd", "Where is the log file kept?"),
+        "The chage program requires a shadow password file.": ("requires", "a shadow password file", None),
+        "Use the --quiet option to suppress all output.": ("use_to", "the --quiet option",
+                                                           "What can I use to suppress all output?"),
+        "To list the stored keys, run frob --list-keys.": ("to_use", "frob --list-keys",
+                                                           "What can I use to list the stored keys?"),
+        "Valgrind is an instrumentation framework for building dynamic analysis tools.": (
+            "is_a", "an instrumentation framework", "What is Valgrind?"),
     }
     for sentence, (rule, answer, question) in cases.items():
         (q,) = questions_for(sentence)
@@ -532,6 +544,12 @@ def test_sentence_questions_are_answered_by_a_span_of_their_sentence():
             assert q.questions[0] == question
     assert questions_for("It defaults to off.") == []  # a pronoun is no subject to ask about
     assert questions_for("The grass is green.") == []
+    for clause in ("If the value is set to 60, the load is 60%.",  # a clause, not a subject
+                   "Note that output requires use of print.", "This file is kept in /etc.",
+                   "The hook is called before the refname is updated.",  # "called" as invoked, not named
+                   "Use this function to compute the variance.", "To pick a format, use one of the following options.",
+                   "The key needs to be quoted.", "Use --tls-max if you want to cap the TLS version."):
+        assert questions_for(clause) == [], clause
     assert all(len(TRAINING_WORDINGS[r.name]) == len(r.wordings) - 1 >= 2 for r in RULES)
 
 

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 _SUBJECT = r"[A-Za-z][\w+./-]*(?: (?!(?:is|was|are|defaults)\b)[\w+./-]+){0,5}"  # never past the verb
 _VALUE = r"[^\s.,;:()][^.,;:()]{0,38}?"
 _NAME = r"[A-Z][\w.'-]*(?: [A-Z][\w.'-]*){0,3}"  # a person's or group's name
+# What a sentence tells how to do: a lower-case verb phrase of a few words ("enable core dumps").
+_ACTION = r"[a-z][\w'-]*(?: [\w./'=-]+){1,7}"
+_PROPER = r"[A-Z][\w+.-]*(?: [A-Z][\w+.-]*){0,2}"  # a capitalised name of up to three words ("Valgrind", "GNU Make")
 # What may follow the value in the same sentence without being part of it.
 _TAIL = r"(?:[,;] .*| (?:if|unless|when|but|and|or|for|in|on) .*)?"
 
@@ -54,6 +57,24 @@ RULES: tuple[Rule, ...] = (
     _rule("set_to", rf"^(?:By default,? )?(?:the |The )?(?P<x>{_SUBJECT}) is (?:set to|limited to) "
                     rf"(?P<y>\d[\w.]*(?: [a-z]+)?){_TAIL}\.$",
           "What is {x} set to?", "What value is {x} set to?", "How large is {x} configured to be?"),
+    _rule("limit", rf"^The (?P<m>maximum|minimum) (?P<x>{_SUBJECT}) is "
+                   rf"(?P<y>\d[\w.]*(?:,\d+)*(?: [A-Za-z]+)?){_TAIL}\.$",
+          "What is the {m} {x}?", "What {m} {x} is allowed?", "What {m} applies to the {x}?"),
+    _rule("called", rf"^(?P<x>{_SUBJECT}) (?P<be>is|are) (?:called|known as|named|referred to as) "
+                    rf"(?P<y>{_VALUE}){_TAIL}\.$",
+          "What {be} {x} called?", "By what name {be} {x} known?", "What name do people give {x}?"),
+    _rule("kept_in", rf"^(?P<x>{_SUBJECT}) (?P<be>is|are) (?P<v>stored|kept|located|installed|saved|found|placed) "
+                     rf"(?:in|under|at) (?P<y>{_VALUE}){_TAIL}\.$",
+          "Where {be} {x} {v}?", "In which place {be} {x} {v}?", "What location holds {x}?"),
+    _rule("requires", rf"^(?P<x>{_SUBJECT}) (?P<v>requires|needs) (?P<y>(?!to\b){_VALUE}){_TAIL}\.$",
+          "What does {x} require?", "What is needed by {x}?", "Which prerequisite does {x} have?"),
+    _rule("use_to", rf"^(?:You can |You may |You should )?[Uu]se (?P<y>{_VALUE}) to (?P<x>{_ACTION})\.$",
+          "What can I use to {x}?", "How do I {x}?", "Which thing lets you {x}?"),
+    _rule("to_use", rf"^To (?P<x>{_ACTION}), (?:use|run|type|call|set|pass|add|specify) (?P<y>{_VALUE})\.$",
+          "What can I use to {x}?", "How do I {x}?", "Which thing lets you {x}?"),
+    _rule("is_a", rf"^(?P<x>{_PROPER}) is (?P<y>an? (?!(?:lot|bit|few|little|number|part|way|acronym|abbreviation)\b)"
+                  rf"[^.,;:() ]+ [^.,;:()]{{2,50}}?)(?: (?:that|which|who|used|for|to|in|on|with|from|and|or)\b.*)?\.$",
+          "What is {x}?", "What kind of thing is {x}?", "Can you describe what {x} is?"),
 )
 TRAINING_WORDINGS = {rule.name: rule.wordings[:-1] for rule in RULES}
 HELD_OUT_WORDING = {rule.name: rule.wordings[-1] for rule in RULES}
@@ -67,10 +88,39 @@ class SentenceQuestion:
     questions: tuple[str, ...]  # every wording of its rule, the held-out one last
 
 
+# A subject that points outside its sentence ("this file", "it") asks nothing a reader can find;
+# one opening with a conjunction ("If the value is set to 60") is a clause, not a subject.
+_DEICTIC = {"it", "its", "this", "that", "these", "those", "they", "them", "their", "there", "here", "such", "which",
+            "each", "he", "she", "we", "you", "your", "our", "one", "another", "other", "same"}
+_NOT_A_SUBJECT_START = _DEICTIC | {"if", "when", "whenever", "but", "and", "or", "so", "because", "while", "although",
+                                   "since", "once", "after", "before", "unless", "whether", "where", "then", "also",
+                                   "now", "however", "thus", "hence", "note", "any", "all", "some", "every", "no",
+                                   "most", "many", "both", "either", "neither"}
+_NOT_IN_A_SUBJECT = {"that", "which", "who", "whom", "whose", "then", "also", "only", "now", "not", "this", "these",
+                     "those", "it", "them", "they", "following", "to"}
+# An answer that points elsewhere ("the following options") or runs into a clause ("--x if you want").
+_NOT_IN_AN_ANSWER = {"this", "that", "which", "these", "those", "it", "them", "one", "following", "below", "above",
+                     "not", "if"}
+# "is called" that means "invoked": the value is then when or how, not a name.
+_NOT_A_NAME_START = {"before", "after", "on", "in", "when", "by", "for", "with", "from", "once", "at", "whenever",
+                     "if", "to", "only", "each", "every", "as", "during", "again", "first", "last", "under", "via",
+                     "without"}
+
+
+def _asks_something(rule: str, subject: str, answer: str) -> bool:
+    """Whether a match makes a question a reader of its sentence can answer (see the word sets)."""
+    words, answer_words = subject.lower().split(), answer.lower().split()
+    if not words or not answer_words or words[0] in _NOT_A_SUBJECT_START:
+        return False
+    if set(words[1:]) & _NOT_IN_A_SUBJECT or set(answer_words) & _NOT_IN_AN_ANSWER:
+        return False
+    return not (rule == "called" and answer_words[0] in _NOT_A_NAME_START)
+
+
 def _subject(text: str) -> str:
     """A subject phrased for the middle of a question: a capitalised common first word lowered."""
     first, _, rest = text.partition(" ")
-    if first[:1].isupper() and first[1:].islower() and rest and first.lower() in {"the", "this", "a", "an"}:
+    if rest and first in {"The", "A", "An"}:
         return f"{first.lower()} {rest}"
     return text
 
@@ -85,7 +135,7 @@ def questions_for(sentence: str) -> list[SentenceQuestion]:
             continue
         answer = m.group("y").strip()
         groups = {k: (_subject(v.strip()) if k == "x" else v) for k, v in m.groupdict().items() if v}
-        if not answer or answer not in sentence or groups["x"].lower() in {"it", "this", "that", "they"}:
+        if not answer or answer not in sentence or not _asks_something(rule.name, m.group("x"), answer):
             continue
         out.append(SentenceQuestion(rule.name, sentence, answer, tuple(w.format(**groups) for w in rule.wordings)))
     return out

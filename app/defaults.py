@@ -93,6 +93,33 @@ def model_defaults(folder: Path | None) -> ModelDefaults:
     return ModelDefaults(**{k: v for k, v in data.items() if k in known})
 
 
+def parse_overrides(items: list[str]) -> dict[str, object]:
+    """Pure: ["bm25_weight=4", "top_k=2"] -> {field: value}, each value of its ModelDefaults field's
+    type (a rule with an "off" value takes 0, as in `answer_params`). ValueError names a bad item."""
+    kinds = {f.name: str(f.type) for f in fields(ModelDefaults)}
+    out: dict[str, object] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        name, text = name.strip(), text.strip()
+        if not sep or name not in kinds:
+            raise ValueError(f"{item!r}: expected NAME=VALUE with NAME one of {', '.join(kinds)}")
+        kind = kinds[name]
+        try:
+            if kind.startswith("bool"):
+                if text.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError("expected true or false")
+                out[name] = text.lower() in ("true", "1")
+            elif kind.startswith("int"):
+                out[name] = int(text)
+            elif kind.startswith("float"):
+                out[name] = float(text)
+            else:
+                out[name] = text
+        except ValueError as e:
+            raise ValueError(f"{item!r}: {name} is {kind} ({e})") from None
+    return out
+
+
 def prefilter_for(defaults: ModelDefaults, device_type: str) -> int:
     """The model's M for a device: its CPU value on a CPU when it has one."""
     if device_type == "cpu" and defaults.prefilter_chunks_cpu is not None:

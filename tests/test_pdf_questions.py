@@ -106,8 +106,12 @@ def test_a_run_through_the_app_scores_and_reports(tmp_path):
     written = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert [w["question"] for w in written] == [q.question for q in asked]
     summary = (tmp_path / "out" / "summary.md").read_text()
-    assert "Held-out sources" in summary and "| report | 1 | 100% (1/1) |" in summary
+    assert "Held-out sources" in summary and "| report | 1 | 100% (1/1) | 0% (0/1) | 100% (1/1) (100%) |" in summary
     assert not list(tmp_path.glob("docqa-eval-pdfs-*"))  # the temporary library is removed
+    assert found.cited == ["2"]  # the model's margin rule keeps the one chunk that explains the question
+    (wide, _) = pq.evaluate(BUNDLED_MODEL, tmp_path / "out-wide", questions, device="cpu", sources=sources,
+                            progress=lambda line: None, overrides={"score_margin": 0, "coverage_gain": 0})
+    assert wide.right and len(wide.cited) == 4  # changed defaults reach the answer: the top 4, rules off
 
 
 def test_a_missing_pdf_names_its_package(tmp_path):
@@ -122,3 +126,15 @@ def test_the_held_out_sources_packages_are_kept_out_of_the_training_corpus():
     held_out = {s.package for s in pq.SOURCES.values() if s.held_out}
     assert held_out == set(HELD_OUT_PACKAGES)
     assert not held_out & {s.package for s in pq.SOURCES.values() if not s.held_out}
+
+
+def test_settings_given_on_the_command_line_take_their_fields_types():
+    from app.defaults import parse_overrides
+
+    assert parse_overrides(["bm25_weight=4", "top_k=2", "read_chunks_alone=false", "scorer=self_information",
+                            "score_margin=0"]) == {"bm25_weight": 4.0, "top_k": 2, "read_chunks_alone": False,
+                                                   "scorer": "self_information", "score_margin": 0.0}
+    for bad, message in (("nope=1", "NAME one of"), ("top_k=two", "top_k is int"), ("top_k", "NAME=VALUE"),
+                         ("auto_k=maybe", "true or false")):
+        with pytest.raises(ValueError, match=message):
+            parse_overrides([bad])

@@ -61,6 +61,10 @@ def _build_parser() -> argparse.ArgumentParser:
     ep.add_argument("--device", default=None)
     ep.add_argument("--data-dir", type=Path, default=None,
                     help="the app's library to ingest into (default: a temporary folder, removed after)")
+    ep.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                    help="change one of the model's defaults (docqa.json's fields), e.g. bm25_weight=4; repeatable")
+    ep.add_argument("--prefilter", type=non_negative_int, default=None, metavar="M",
+                    help="chunks the scorer sees, the best M by BM25 (default: the model's; 0: all)")
     ep.add_argument("--corpus", type=Path, default=None,
                     help="a training corpus folder (training.prepare's): also print each source's overlap with it")
     ep.add_argument("--out", type=Path, default=Path("eval-pdfs-out"))
@@ -175,11 +179,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval_pdfs(args: argparse.Namespace) -> int:
+    from app.defaults import parse_overrides
     from tools import pdf_questions
 
     rows = pdf_questions.evaluate(args.model, args.out, args.questions or pdf_questions.QUESTIONS_FILE,
                                   args.sources, args.device, args.data_dir, args.corpus,
-                                  progress=lambda line: print(line, file=sys.stderr, flush=True))
+                                  progress=lambda line: print(line, file=sys.stderr, flush=True),
+                                  overrides=parse_overrides(args.setting), prefilter=args.prefilter)
     print(pdf_questions.summarize(rows))
     return EXIT_OK
 

@@ -28,7 +28,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 QUESTIONS_FILE = Path(__file__).parent / "data" / "pdf_questions.jsonl"
@@ -166,6 +166,8 @@ class PdfAnswerRow:
     page_candidate: bool | None  # ... within a chunk the scorer saw
     seconds: float
     error: str | None = None
+    cited: list[str] = field(default_factory=list)  # the cited passages' page labels, as shown
+    page_cited_first: bool | None = None  # the answer's page within the passage cited first
 
 
 def _page_within(page_index: int, spans: Iterable[tuple[int, int]]) -> bool:
@@ -173,8 +175,10 @@ def _page_within(page_index: int, spans: Iterable[tuple[int, int]]) -> bool:
 
 
 def ask_all(service, questions: list[PdfQuestion], sources: dict[str, PdfSource] = SOURCES,
-            progress: Callable[[str], None] = print) -> list[PdfAnswerRow]:
-    """Ingests each source's PDF into `service` (an app.service.DocQA) and asks its questions."""
+            progress: Callable[[str], None] = print, overrides: dict | None = None) -> list[PdfAnswerRow]:
+    """Ingests each source's PDF into `service` (an app.service.DocQA) and asks its questions, with
+    the model's defaults changed by `overrides` (app.defaults.ModelDefaults fields), if any."""
+    params = service.params(**overrides) if overrides else None
     rows = []
     for name in dict.fromkeys(q.source for q in questions):
         source = sources[name]
@@ -185,7 +189,7 @@ def ask_all(service, questions: list[PdfQuestion], sources: dict[str, PdfSource]
         for q in (q for q in questions if q.source == name):
             t = time.perf_counter()
             try:
-                res = service.answer(q.question, [info.record.id])
+                res = service.answer(q.question, [info.record.id], params=params)
             except (ValueError, RuntimeError) as e:  # one question's failure is its row, not the run's end
                 rows.append(PdfAnswerRow(name, source.held_out, q.kind, q.question, q.answers, q.page, "", None,
                                          False, False, None, None, time.perf_counter() - t, str(e)))
@@ -193,12 +197,14 @@ def ask_all(service, questions: list[PdfQuestion], sources: dict[str, PdfSource]
             seconds = time.perf_counter() - t
             not_found = not res.answer.strip()
             right = holds_answer(res.answer, q.answers) if q.answerable else not_found
-            cited = candidate = None
+            cited = candidate = first = None
             if q.answerable:
                 cited = _page_within(q.page - 1, ((c.page_start, c.page_end) for c in res.citations))
+                first = _page_within(q.page - 1, ((c.page_start, c.page_end) for c in res.citations[:1]))
                 candidate = _page_within(q.page - 1, ((s["page_start"], s["page_end"]) for s in res.scores))
             row = PdfAnswerRow(name, source.held_out, q.kind, q.question, q.answers, q.page, res.answer,
-                               res.warning, right, not_found, cited, candidate, seconds)
+                               res.warning, right, not_found, cited, candidate, seconds,
+                               cited=[c.pages for c in res.citations], page_cited_first=first)
             rows.append(row)
             progress(f"  {'right' if right else 'WRONG'} {q.question!r} -> {res.answer[:50]!r} "
                      f"(expected {q.answers[:2] if q.answerable else 'not found'}; page "
@@ -223,12 +229,14 @@ def summarize(rows: list[PdfAnswerRow]) -> str:
             continue
         answerable = [r for r in group if r.kind != NO_ANSWER]
         out += [f"### {title}", "",
-                "| source | questions | right | shown \"not found\" | answer's page cited | page among scored |",
+                "| source | questions | right | shown \"not found\" | answer's page cited (first) | "
+                "page among scored |",
                 "|---|---|---|---|---|---|"]
         for name in [*dict.fromkeys(r.source for r in answerable), "all"]:
             part = answerable if name == "all" else [r for r in answerable if r.source == name]
             out.append(f"| {'**all**' if name == 'all' else name} | {len(part)} | {_share(part, lambda r: r.right)} | "
-                       f"{_share(part, lambda r: r.not_found)} | {_share(part, lambda r: r.page_cited)} | "
+                       f"{_share(part, lambda r: r.not_found)} | {_share(part, lambda r: r.page_cited)} "
+                       f"({_share(part, lambda r: r.page_cited_first).split(' ')[0]}) | "
                        f"{_share(part, lambda r: r.page_candidate)} |")
         out += ["", "| answer kind | questions | right |", "|---|---|---|"]
         for kind in ANSWER_KINDS:
@@ -252,10 +260,12 @@ def summarize(rows: list[PdfAnswerRow]) -> str:
 def evaluate(model_dir: Path, out_dir: Path, questions_file: Path = QUESTIONS_FILE,
              only: list[str] | None = None, device: str | None = None, data_dir: Path | None = None,
              corpus_dir: Path | None = None, progress: Callable[[str], None] = print,
-             sources: dict[str, PdfSource] = SOURCES) -> list[PdfAnswerRow]:
+             sources: dict[str, PdfSource] = SOURCES, overrides: dict | None = None,
+             prefilter: int | None = None) -> list[PdfAnswerRow]:
     """Runs the set (`only` these sources, if given) through a fresh app (its library in
-    `data_dir`, else a temporary folder removed after) and writes results.jsonl, summary.md and
-    meta.json under `out_dir`."""
+    `data_dir`, else a temporary folder removed after), with the model's defaults changed by
+    `overrides` and the BM25 prefilter's M by `prefilter` (None: the model's), and writes
+    results.jsonl, summary.md and meta.json under `out_dir`."""
     from app.service import DocQA, ServiceConfig
 
     questions = load_questions(questions_file, sources)
@@ -267,7 +277,8 @@ def evaluate(model_dir: Path, out_dir: Path, questions_file: Path = QUESTIONS_FI
     for name in dict.fromkeys(q.source for q in questions):
         read_pdf(sources[name])  # every PDF present before the model loads
     out_dir.mkdir(parents=True, exist_ok=True)
-    meta: dict = {"model": str(model_dir), "questions": str(questions_file), "sources": {}}
+    meta: dict = {"model": str(model_dir), "questions": str(questions_file), "overrides": overrides or {},
+                  "prefilter": prefilter, "sources": {}}
     if corpus_dir is not None:
         from app.ingest import extract_pdf
 
@@ -281,10 +292,11 @@ def evaluate(model_dir: Path, out_dir: Path, questions_file: Path = QUESTIONS_FI
                 progress(f"warning: {name} is counted as held out, yet {overlap:.0%} of it is in this corpus")
     library = data_dir or Path(tempfile.mkdtemp(prefix="docqa-eval-pdfs-"))
     try:
-        service = DocQA(ServiceConfig(data_dir=library, model_dir=model_dir, device=device))
+        service = DocQA(ServiceConfig(data_dir=library, model_dir=model_dir, device=device,
+                                      prefilter_chunks=prefilter))
         try:
             meta["device"] = str(service.engine.device)
-            rows = ask_all(service, questions, sources, progress)
+            rows = ask_all(service, questions, sources, progress, overrides)
         finally:
             service.close()
     finally:

@@ -3,7 +3,7 @@
 
 PDFium is C code: a malformed file that crashes or hangs it must not take the server with it, so
 the parent (`app.viewer.render_pdf_page`) runs this module in a child and kills it after a time
-limit, as ingest does with pypdf (`app.pdf_text`). This module imports only pypdfium2 (and PIL,
+limit, as ingest does with its text (`app.pdf_text`). This module imports only pypdfium2 (and PIL,
 which pypdfium2 uses to encode the image).
 
 Reads one JSON object on stdin: {"path", "page", "width_px", "password"}; writes one JSON line:

@@ -25,10 +25,19 @@ _LIGATURES = {"\ufb00": "ff", "\ufb01": "fi", "\ufb02": "fl", "\ufb03": "ffi", "
 _HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
 _SPACES = re.compile(r"[ \t\r\f\v\u00a0]+")
 _PARAGRAPH = re.compile(r"\n\s*\n+")
-# PDFium: U+FFFE marks a hyphen it found at a line's end (the word goes on on the next line); C0
-# controls are glyphs of symbol fonts with no Unicode mapping.
-_PDFIUM_HYPHEN_BREAK = re.compile("\ufffe\\s*")
+# PDFium: U+FFFE stands for a hyphen that ended a line, the two parts already joined on one line;
+# C0 controls are glyphs of symbol fonts with no Unicode mapping.
+_LINE_END_HYPHEN = re.compile("(\\S*)\ufffe\\s*(\\S*)")
 _CONTROLS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
+def _rejoined(match: re.Match) -> str:
+    """A word hyphenated at a line's end ("docu-mentation") is joined; a hyphen that belongs to a
+    name stays ("--gen-suppressions", "RISC-like", "ChaCha-Poly1305", "February-March")."""
+    left, right = match.group(1), match.group(2)
+    named = (left.startswith("-") or any(c in "-_" or c.isdigit() for c in left + right)
+             or any(c.isupper() for c in left[1:]) or right[:1].isupper())
+    return f"{left}-{right}" if named else left + right
 
 
 def normalize(text: str) -> str:
@@ -43,14 +52,15 @@ def normalize(text: str) -> str:
 
 
 def pdfium_text(text: str) -> str:
-    """Pure: PDFium's page text as pypdf would give it (line breaks as \\n, its hyphen marks joined)."""
-    return _CONTROLS.sub("", _PDFIUM_HYPHEN_BREAK.sub("", text.replace("\r\n", "\n")))
+    """Pure: PDFium's page text as pypdf would give it (line breaks as \\n, its line-end hyphens
+    joined or kept by `_rejoined`, unmapped glyphs dropped)."""
+    return _CONTROLS.sub("", _LINE_END_HYPHEN.sub(_rejoined, text.replace("\r\n", "\n")))
 
 
 def _pdfium_page_texts(data: bytes, password: str | None, pages: int, emit: Callable[[list], None]
                        ) -> list[str] | None:
-    """Each page's text through PDFium, or None where PDFium cannot read the file (or sees another
-    number of pages than pypdf)."""
+    """Each page's text through PDFium, or None where PDFium cannot read the file, sees another
+    number of pages than pypdf, or finds no text on any page (pypdf's text is taken then)."""
     try:
         import pypdfium2 as pdfium
     except ImportError:
@@ -70,8 +80,8 @@ def _pdfium_page_texts(data: bytes, password: str | None, pages: int, emit: Call
             for handle in (textpage, page):  # children before the document, as PDFium wants
                 handle.close()
             emit(["progress", i + 1, pages])
-        return texts
-    except pdfium.PdfiumError:
+        return texts if any(t.strip() for t in texts) else None
+    except Exception:  # noqa: BLE001 - any failure of PDFium's reading: pypdf's text instead
         return None
     finally:
         pdf.close()

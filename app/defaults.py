@@ -93,10 +93,18 @@ def model_defaults(folder: Path | None) -> ModelDefaults:
     return ModelDefaults(**{k: v for k, v in data.items() if k in known})
 
 
-def parse_overrides(items: list[str]) -> dict[str, object]:
+# The ModelDefaults fields a question's AnswerParams come from (`answer_params`); the others are
+# the app's (chunking, the prefilter, warnings).
+ANSWER_FIELDS = ("top_k", "auto_k", "score_margin", "coverage_gain", "token_budget", "bm25_weight", "kv_mode",
+                 "position_mode", "scorer", "llada_folds", "decoder", "threshold", "gen_length", "block_length",
+                 "end_after_text", "read_chunks_alone", "abstain_answer")
+
+
+def parse_overrides(items: list[str], allowed: tuple[str, ...] = ANSWER_FIELDS) -> dict[str, object]:
     """Pure: ["bm25_weight=4", "top_k=2"] -> {field: value}, each value of its ModelDefaults field's
-    type (a rule with an "off" value takes 0, as in `answer_params`). ValueError names a bad item."""
-    kinds = {f.name: str(f.type) for f in fields(ModelDefaults)}
+    type (a rule with an "off" value takes 0, as in `answer_params`); only the `allowed` fields.
+    ValueError names a bad item."""
+    kinds = {f.name: str(f.type) for f in fields(ModelDefaults) if f.name in allowed}
     out: dict[str, object] = {}
     for item in items:
         name, sep, text = item.partition("=")

@@ -145,6 +145,10 @@ class Citation:
     char_end: int = -1
 
 
+UNGROUNDED_WARNING = ("Check this answer: none of the chosen passages contains it, so it may not come from "
+                      "the documents.")
+
+
 def answer_warning(text: str, citations: list[Citation], best_score: float, weak_score: float | None,
                    extractive: bool, abstain_answer: str | None) -> tuple[str, str | None]:
     """Pure: the answer as shown and the warning it carries, if any. The model's abstain answer
@@ -159,8 +163,7 @@ def answer_warning(text: str, citations: list[Citation], best_score: float, weak
                     "may word it in a way the model does not read: check the passages cited.")
     if extractive and not answer_in_passages(text, [Passage(c.document_id, c.char_start, c.char_end, c.text)
                                                     for c in citations]):
-        return text, ("Check this answer: none of the chosen passages contains it, so it may not come from "
-                      "the documents.")
+        return text, UNGROUNDED_WARNING
     if weak_score is not None and best_score < weak_score:
         return text, ("The documents may not contain this: no passage explains the question well "
                       f"(best score {best_score:.2f}, below {weak_score:.2f}).")

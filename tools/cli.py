@@ -60,7 +60,8 @@ def _build_parser() -> argparse.ArgumentParser:
     ep.add_argument("--sources", nargs="+", default=None, help="only these sources (default: every one in the file)")
     ep.add_argument("--device", default=None)
     ep.add_argument("--data-dir", type=Path, default=None,
-                    help="the app's library to ingest into (default: a temporary folder, removed after)")
+                    help="the app's library to ingest into (default: a temporary folder, removed after); "
+                         "other documents in it change BM25's statistics, and so the candidates")
     ep.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                     help="change one of the model's defaults (docqa.json's fields), e.g. bm25_weight=4; repeatable")
     ep.add_argument("--prefilter", type=non_negative_int, default=None, metavar="M",

@@ -22,6 +22,7 @@ question is right when it shows none. Also whether the answer's page was among t
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 import shutil
@@ -45,30 +46,40 @@ class PdfSource:
     path: Path  # where the package puts it; a .gz is read decompressed
     held_out: bool  # its text is not in the training corpus (see corpus_overlap)
     title: str
+    sha256: str = ""  # of the PDF the questions were written from (another version moves pages)
 
 
 # Overlaps measured 2026-12-05 against the corpus training.prepare builds on the development
 # machine, with this module's text (PDFium's; `docqa-tools eval-pdfs --corpus .train-data/corpus`
-# prints them again): valgrind 4% (one asked page, Cachegrind's options, 51%: its man page says the
-# same), crc-doc 0%, mime-spec 0%; debian-faq 90% (its HTML is in the corpus), nettle 69%, bashref
-# 85%, bzip2 90%, libtasn1 86% (their info manuals are). training.corpus leaves the held-out
-# sources' packages out (HELD_OUT_PACKAGES).
+# prints them again): valgrind 4% (common phrases; one asked page, Cachegrind's options, 51%
+# against run 13's corpus, which held valgrind's man pages), crc-doc 0%, mime-spec 0%; debian-faq
+# 89% (its HTML is in the corpus), nettle 69%, bashref 85%, bzip2 90%, libtasn1 86% (their info
+# manuals are). training.corpus leaves the held-out sources' packages out (HELD_OUT_PACKAGES).
 SOURCES: dict[str, PdfSource] = {s.name: s for s in (
     PdfSource("valgrind", "valgrind", Path("/usr/share/doc/valgrind/valgrind_manual.pdf.gz"), True,
-              "Valgrind documentation (397 pages)"),
-    PdfSource("debian-faq", "debian-faq", Path("/usr/share/doc/debian/FAQ/debian-faq.en.pdf.gz"), False,
-              "The Debian GNU/Linux FAQ (73 pages)"),
+              "Valgrind documentation (397 pages; valgrind 1:3.19.0-1)",
+              "63d1bf4d27c78a5dd6a142d5e7311138b15e8cffc3e9f8839a27eede28b1984e"),
     PdfSource("crc-doc", "zlib1g-dev", Path("/usr/share/doc/zlib1g-dev/crc-doc.1.0.pdf.gz"), True,
-              "A CRC computation note from zlib (29 pages)"),
+              "A CRC computation note from zlib (29 pages; zlib1g-dev 1:1.2.13.dfsg-1)",
+              "064f9252d6e2e15ea56c2bd18e160e5c9c84bcd137c11a7af497aaa511ace998"),
     PdfSource("mime-spec", "shared-mime-info", Path("/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf"),
-              True, "Shared MIME-info Database specification (17 pages)"),
+              True, "Shared MIME-info Database specification (17 pages; shared-mime-info 2.2-1)",
+              "4d9666c46b4d367a12e2922f4f3b114396c377106c57bbc934d03320e6888002"),
+    PdfSource("debian-faq", "debian-faq", Path("/usr/share/doc/debian/FAQ/debian-faq.en.pdf.gz"), False,
+              "The Debian GNU/Linux FAQ (73 pages; debian-faq 11.1)",
+              "ea67ca925863324d97a30b5c926aed95efc687c689aa16788c9bed54525c0b47"),
     PdfSource("nettle", "nettle-dev", Path("/usr/share/doc/nettle-dev/nettle.pdf.gz"), False,
-              "Nettle cryptographic library manual (111 pages)"),
+              "Nettle cryptographic library manual (111 pages; nettle-dev 3.8.1-2)",
+              "fa0c6394acde69113eb33202a4c9ba33a4858429f2d735bc2707d41112da98f5"),
     PdfSource("bashref", "bash-doc", Path("/usr/share/doc/bash/bashref.pdf"), False,
-              "Bash Reference Manual (196 pages)"),
-    PdfSource("bzip2", "bzip2-doc", Path("/usr/share/doc/bzip2/manual.pdf.gz"), False, "bzip2 manual (38 pages)"),
+              "Bash Reference Manual (196 pages; bash-doc 5.2.15-2)",
+              "104971d389c0b9b7a261b0b3070a53b0d8cce6db1ffddefcc8423ddda92acd87"),
+    PdfSource("bzip2", "bzip2-doc", Path("/usr/share/doc/bzip2/manual.pdf.gz"), False,
+              "bzip2 manual (38 pages; bzip2-doc 1.0.8)",
+              "1dd1f12b3dcb0894481708881ed8d052c769f3820c06839c702c8cfad973d7d3"),
     PdfSource("libtasn1", "libtasn1-doc", Path("/usr/share/doc/libtasn1-doc/libtasn1.pdf"), False,
-              "libtasn1 manual (36 pages)"),
+              "libtasn1 manual (36 pages; libtasn1-doc 4.19.0-2+deb12u1)",
+              "3917eb460d87e275f9792b3597029873fd77890ed3ccebe40bbc5a3a7ee516d3"),
 )}
 
 
@@ -102,20 +113,25 @@ def load_questions(path: Path = QUESTIONS_FILE, sources: dict[str, PdfSource] = 
             raise ValueError(f"{path}:{n}: unknown kind {q.kind!r}")
         if q.answerable != bool(q.answers) or q.answerable != (q.page is not None):
             raise ValueError(f"{path}:{n}: an answerable question needs answers and a page, a no-answer one neither")
+        if any(not a.strip() for a in q.answers):
+            raise ValueError(f"{path}:{n}: an empty accepted answer")
         out.append(q)
     return out
 
 
 def _normalised(text: str) -> str:
     text = re.sub("[\u2018\u2019]", "'", re.sub("[\u201c\u201d]", '"', text))
+    text = re.sub("[\u2010-\u2015\u2212]", "-", text)  # hyphens, dashes and the minus sign
     return " ".join(text.lower().split())
 
 
 def holds_answer(text: str, answers: Iterable[str]) -> bool:
-    """Pure: whether `text` holds one of `answers` as whole words ("16" is not in "160"), case,
-    curly quotes and spacing ignored."""
+    """Pure: whether `text` holds one of `answers` as whole words: not inside a longer word,
+    identifier or number ("16" is not in "160", "1.16" or "16,000"; "REAL" not in "ASN1_REAL");
+    case, curly quotes, dashes and spacing ignored."""
     norm = _normalised(text)
-    return any(re.search(r"(?<![a-z0-9])" + re.escape(_normalised(a)) + r"(?![a-z0-9])", norm) for a in answers)
+    return any(a.strip() and re.search(r"(?<![\w.,])" + re.escape(_normalised(a)) + r"(?![\w]|[.,]\w)", norm)
+               for a in answers)
 
 
 def read_pdf(source: PdfSource) -> bytes:
@@ -127,11 +143,15 @@ def read_pdf(source: PdfSource) -> bytes:
     return gzip.decompress(data) if source.path.suffix == ".gz" else data
 
 
+def pdf_digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def corpus_overlap(text: str, corpus_words: set[str]) -> float:
     """Pure: the share of `text`'s consecutive SHINGLE_WORDS-word runs (stepping a run at a time)
     that occur in the corpus (`corpus_shingles`)."""
     words = re.findall(r"[a-z0-9]+", text.lower())
-    runs = [" ".join(words[i:i + SHINGLE_WORDS]) for i in range(0, len(words) - SHINGLE_WORDS, SHINGLE_WORDS)]
+    runs = [" ".join(words[i:i + SHINGLE_WORDS]) for i in range(0, len(words) - SHINGLE_WORDS + 1, SHINGLE_WORDS)]
     return sum(r in corpus_words for r in runs) / max(1, len(runs))
 
 
@@ -160,55 +180,68 @@ class PdfAnswerRow:
     page: int | None
     shown: str  # the answer as the app shows it ("" when it shows none)
     warning: str | None
-    right: bool  # answerable: holds an accepted answer; no-answer: shows none
+    right: bool  # answerable: holds an accepted answer, not flagged as possibly made up; no-answer: shows none
     not_found: bool  # the app showed no answer
-    page_cited: bool | None  # the answer's page within a cited passage (None: no-answer question)
-    page_candidate: bool | None  # ... within a chunk the scorer saw
+    page_cited: bool | None  # a cited passage on the answer's page holds an answer (None: no-answer question)
+    page_candidate: bool | None  # a chunk the scorer saw lies on the answer's page
     seconds: float
     error: str | None = None
     cited: list[str] = field(default_factory=list)  # the cited passages' page labels, as shown
-    page_cited_first: bool | None = None  # the answer's page within the passage cited first
+    page_cited_first: bool | None = None  # the passage cited first is such a passage
+    ungrounded: bool = False  # shown with the app's "may not come from the documents" warning
 
 
 def _page_within(page_index: int, spans: Iterable[tuple[int, int]]) -> bool:
     return any(start <= page_index <= end for start, end in spans)
 
 
+def _holding_passage(q: PdfQuestion, citations) -> bool:
+    """Whether one of `citations` (app.service.Citation) lies on the answer's page and holds an
+    accepted answer: the passage a reader needs, not only a neighbour on the same page."""
+    return any(c.page_start <= q.page - 1 <= c.page_end and holds_answer(c.text, q.answers) for c in citations)
+
+
 def ask_all(service, questions: list[PdfQuestion], sources: dict[str, PdfSource] = SOURCES,
             progress: Callable[[str], None] = print, overrides: dict | None = None) -> list[PdfAnswerRow]:
-    """Ingests each source's PDF into `service` (an app.service.DocQA) and asks its questions, with
-    the model's defaults changed by `overrides` (app.defaults.ModelDefaults fields), if any."""
+    """Ingests every source's PDF into `service` (an app.service.DocQA), then asks the questions,
+    with the model's defaults changed by `overrides` (app.defaults.ModelDefaults fields), if any.
+    Every question is asked of the same library: BM25's statistics are the library's, so a
+    question's candidates would depend on which documents had been added before it."""
+    from app.service import UNGROUNDED_WARNING
+
     params = service.params(**overrides) if overrides else None
-    rows = []
+    ids = {}
     for name in dict.fromkeys(q.source for q in questions):
-        source = sources[name]
         start = time.perf_counter()
-        info, _ = service.ingest(read_pdf(source), f"{name}.pdf")
+        info, _ = service.ingest(read_pdf(sources[name]), f"{name}.pdf")
+        ids[name] = info.record.id
         progress(f"{name}: {info.record.page_count} pages, {info.tokens} tokens, {info.chunks} chunks "
                  f"({time.perf_counter() - start:.1f} s)")
-        for q in (q for q in questions if q.source == name):
-            t = time.perf_counter()
-            try:
-                res = service.answer(q.question, [info.record.id], params=params)
-            except (ValueError, RuntimeError) as e:  # one question's failure is its row, not the run's end
-                rows.append(PdfAnswerRow(name, source.held_out, q.kind, q.question, q.answers, q.page, "", None,
-                                         False, False, None, None, time.perf_counter() - t, str(e)))
-                continue
-            seconds = time.perf_counter() - t
-            not_found = not res.answer.strip()
-            right = holds_answer(res.answer, q.answers) if q.answerable else not_found
-            cited = candidate = first = None
-            if q.answerable:
-                cited = _page_within(q.page - 1, ((c.page_start, c.page_end) for c in res.citations))
-                first = _page_within(q.page - 1, ((c.page_start, c.page_end) for c in res.citations[:1]))
-                candidate = _page_within(q.page - 1, ((s["page_start"], s["page_end"]) for s in res.scores))
-            row = PdfAnswerRow(name, source.held_out, q.kind, q.question, q.answers, q.page, res.answer,
-                               res.warning, right, not_found, cited, candidate, seconds,
-                               cited=[c.pages for c in res.citations], page_cited_first=first)
-            rows.append(row)
-            progress(f"  {'right' if right else 'WRONG'} {q.question!r} -> {res.answer[:50]!r} "
-                     f"(expected {q.answers[:2] if q.answerable else 'not found'}; page "
-                     f"{'cited' if cited else 'not cited' if cited is not None else '-'}; {seconds:.1f} s)")
+    rows = []
+    for q in questions:
+        held_out = sources[q.source].held_out
+        t = time.perf_counter()
+        try:
+            res = service.answer(q.question, [ids[q.source]], params=params)
+        except (ValueError, RuntimeError) as e:  # one question's failure is its row, not the run's end
+            rows.append(PdfAnswerRow(q.source, held_out, q.kind, q.question, q.answers, q.page, "", None,
+                                     False, False, None, None, time.perf_counter() - t, str(e)))
+            continue
+        seconds = time.perf_counter() - t
+        not_found = not res.answer.strip()
+        ungrounded = res.warning == UNGROUNDED_WARNING
+        right = holds_answer(res.answer, q.answers) and not ungrounded if q.answerable else not_found
+        cited = candidate = first = None
+        if q.answerable:
+            cited, first = _holding_passage(q, res.citations), _holding_passage(q, res.citations[:1])
+            candidate = _page_within(q.page - 1, ((s["page_start"], s["page_end"]) for s in res.scores))
+        rows.append(PdfAnswerRow(q.source, held_out, q.kind, q.question, q.answers, q.page, res.answer,
+                                 res.warning, right, not_found, cited, candidate, seconds,
+                                 cited=[c.pages for c in res.citations], page_cited_first=first,
+                                 ungrounded=ungrounded))
+        progress(f"  {'right' if right else 'WRONG'} {q.source}: {q.question!r} -> {res.answer[:50]!r} "
+                 f"(expected {q.answers[:2] if q.answerable else 'not found'}; page "
+                 f"{'cited' if cited else 'not cited' if cited is not None else '-'}; {seconds:.1f} s)")
     return rows
 
 
@@ -229,8 +262,8 @@ def summarize(rows: list[PdfAnswerRow]) -> str:
             continue
         answerable = [r for r in group if r.kind != NO_ANSWER]
         out += [f"### {title}", "",
-                "| source | questions | right | shown \"not found\" | answer's page cited (first) | "
-                "page among scored |",
+                "| source | questions | right | shown \"not found\" | a passage holding it cited (first) | "
+                "its page among scored |",
                 "|---|---|---|---|---|---|"]
         for name in [*dict.fromkeys(r.source for r in answerable), "all"]:
             part = answerable if name == "all" else [r for r in answerable if r.source == name]
@@ -243,6 +276,11 @@ def summarize(rows: list[PdfAnswerRow]) -> str:
             part = [r for r in answerable if r.kind == kind]
             if part:
                 out.append(f"| {kind} | {len(part)} | {_share(part, lambda r: r.right)} |")
+        flagged = [r for r in answerable if r.ungrounded]
+        if flagged:
+            out += ["", f"Answers shown with the \"may not come from the documents\" warning (never counted right): "
+                        f"{len(flagged)}, of which holding an accepted answer: "
+                        f"{sum(holds_answer(r.shown, r.answers) for r in flagged)}"]
         unanswerable = [r for r in group if r.kind == NO_ANSWER]
         if unanswerable:
             out += ["", f"No-answer questions shown \"not found\": {_share(unanswerable, lambda r: r.right)}"]
@@ -263,7 +301,8 @@ def evaluate(model_dir: Path, out_dir: Path, questions_file: Path = QUESTIONS_FI
              sources: dict[str, PdfSource] = SOURCES, overrides: dict | None = None,
              prefilter: int | None = None) -> list[PdfAnswerRow]:
     """Runs the set (`only` these sources, if given) through a fresh app (its library in
-    `data_dir`, else a temporary folder removed after), with the model's defaults changed by
+    `data_dir`, else a temporary folder removed after; a library holding other documents changes
+    BM25's statistics, so the numbers are comparable only over the same documents), with the model's defaults changed by
     `overrides` and the BM25 prefilter's M by `prefilter` (None: the model's), and writes
     results.jsonl, summary.md and meta.json under `out_dir`."""
     from app.service import DocQA, ServiceConfig
@@ -274,18 +313,22 @@ def evaluate(model_dir: Path, out_dir: Path, questions_file: Path = QUESTIONS_FI
         if unknown:
             raise ValueError(f"unknown source(s) {', '.join(unknown)}; choose from {', '.join(sources)}")
         questions = [q for q in questions if q.source in only]
-    for name in dict.fromkeys(q.source for q in questions):
-        read_pdf(sources[name])  # every PDF present before the model loads
     out_dir.mkdir(parents=True, exist_ok=True)
     meta: dict = {"model": str(model_dir), "questions": str(questions_file), "overrides": overrides or {},
-                  "prefilter": prefilter, "sources": {}}
+                  "prefilter": prefilter, "library": str(data_dir) if data_dir else "fresh", "sources": {}}
+    for name in dict.fromkeys(q.source for q in questions):  # every PDF present before the model loads
+        digest = pdf_digest(read_pdf(sources[name]))
+        meta["sources"][name] = {"sha256": digest, "held_out": sources[name].held_out}
+        if sources[name].sha256 and digest != sources[name].sha256:
+            progress(f"warning: {sources[name].path} is not the PDF the questions were written from (another "
+                     f"version of {sources[name].package}?): its pages may have moved")
     if corpus_dir is not None:
         from app.ingest import extract_pdf
 
         seen = corpus_shingles(corpus_dir)
         for name in dict.fromkeys(q.source for q in questions):
             overlap = corpus_overlap(extract_pdf(read_pdf(sources[name])).text, seen)
-            meta["sources"][name] = {"corpus_overlap": round(overlap, 3), "held_out": sources[name].held_out}
+            meta["sources"][name]["corpus_overlap"] = round(overlap, 3)
             progress(f"{name}: {overlap:.0%} of its {SHINGLE_WORDS}-word runs are in the corpus "
                      f"({'held out' if sources[name].held_out else 'seen'})")
             if sources[name].held_out and overlap > HELD_OUT_MAX_OVERLAP:

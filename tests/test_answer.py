@@ -31,6 +31,23 @@ def test_coverage_gain_in_answer_params(engines):
     assert [r.chunk for r in res.trace.selected] == [res.trace.candidates[best].chunk]
 
 
+def test_the_trace_keeps_the_fused_score_each_selected_chunk_was_ranked_by(engines):
+    engine = engines["llada"]
+    doc = engine.prefill(doc_ids(60, 200, seed=8), chunk_size=16)
+    priors = [1.0 if i == doc.num_chunks - 2 else 0.0 for i in range(doc.num_chunks)]
+    params = AnswerParams(top_k=3, prior_weight=50.0, sampling=SamplingParams(gen_length=8, block_length=8))
+    trace = engine.answer(doc, "What?", params, chunk_priors=[priors]).trace
+    by_chunk = {c.chunk: i for i, c in enumerate(trace.candidates)}
+    for ref, own, fused in zip(trace.selected, trace.selected_scores, trace.selected_fused_scores, strict=True):
+        i = by_chunk[ref.chunk]
+        assert own == trace.scores[i] and fused == pytest.approx(own + 50.0 * priors[ref.chunk])
+    assert doc.num_chunks - 2 in [r.chunk for r in trace.selected]  # 50 nats: the prior wins a place
+    assert max(trace.selected_fused_scores) == trace.selected_fused_scores[
+        [r.chunk for r in trace.selected].index(doc.num_chunks - 2)]
+    assert engine.answer(doc, "What?", params).trace.selected_fused_scores == \
+        engine.answer(doc, "What?", params).trace.selected_scores  # no priors: the scorer's own
+
+
 def test_pooled_documents_and_k_larger_than_n(engines):
     engine = engines["llada"]
     small = engine.prefill(doc_ids(20, 300, seed=4), chunk_size=16)

@@ -99,6 +99,14 @@ def test_words_spaced_by_position_are_read_apart():
     assert doc.pages[0].label == "i"  # page labels as the PDF names them (pypdf's)
 
 
+def test_citations_follow_the_selections_ranking_after_the_chunk_that_answered_alone():
+    from app.service import citation_order
+
+    assert citation_order([-2.0, -1.0, -3.0], None) == [1, 0, 2]
+    assert citation_order([-2.0, -1.0, -3.0], 2) == [2, 1, 0]
+    assert citation_order([], None) == []
+
+
 def _encrypted(user_password: str) -> bytes:
     writer = PdfWriter(clone_from=PdfReader(io.BytesIO(small_pdf())))
     writer.encrypt(user_password=user_password, owner_password="owner")

@@ -159,7 +159,7 @@ class AnswerTrace:
     candidates: list[ChunkRef]
     scores: list[float]  # per candidate, the scorer's: higher = more relevant
     selected: list[ChunkRef]  # placement (document) order
-    selected_scores: list[float]
+    selected_scores: list[float]  # the scorer's, per selected chunk
     kept_tokens: list[list[int]]  # per selected chunk and token: how many (layer, head) pairs keep it
     anchors_scoring: torch.Tensor  # [N, L] attention mass on each candidate's BOS while scoring
     anchors_decode: torch.Tensor | None  # [K, L] query attention mass on each selected chunk's BOS
@@ -171,6 +171,9 @@ class AnswerTrace:
     # Per candidate, the prior relevance fused into selection (empty without chunk_priors):
     # selection ranked scores + prior_weight x priors.
     priors: list[float] = field(default_factory=list)
+    # Per selected chunk, that fused score: what the selection ranked it by, so the order to cite
+    # the chunks in (empty: the scorer's own scores are the ranking).
+    selected_fused_scores: list[float] = field(default_factory=list)
     static_layout: str = "contiguous"  # how static decoding read its context (see AnswerParams)
     # With AnswerParams.reads_chunks_alone: the selected chunks' answers read alone, in selected
     # order, up to the second that does not abstain (the rest cannot change the choice); and the
@@ -551,10 +554,12 @@ def choose_chunks(runner: Runner, tokenizer, documents: Sequence[DocumentKV],
     clock.timings["scoring"] += scored.seconds
     chosen = select_chunks(scored, priors, params)
     refs = [candidates[i] for i in chosen.tolist()]
+    fused = fuse_scores(scored.scores, priors, params.prior_weight) if candidates else scored.scores
     generator = torch.Generator(device=runner.device).manual_seed(params.sampling.seed)
     trace = AnswerTrace(candidates=candidates, scores=scored.scores.tolist(), selected=refs,
                         priors=priors.tolist() if priors is not None and candidates else [],
-                        selected_scores=[float(scored.scores[i]) for i in chosen.tolist()], kept_tokens=[],
+                        selected_scores=[float(scored.scores[i]) for i in chosen.tolist()],
+                        selected_fused_scores=[float(fused[i]) for i in chosen.tolist()], kept_tokens=[],
                         anchors_scoring=scored.anchors, anchors_decode=None,
                         draft_ids=draft.tokens[draft.committed].tolist() if draft is not None else [],
                         timings=clock.timings)

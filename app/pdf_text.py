@@ -7,8 +7,9 @@ pypdfium2, so the child starts in a fraction of a second.
 pypdf opens the file and answers for it (encryption, passwords, damage, page labels); the words come
 from PDFium, which places spaces by the glyphs' positions. pypdf's own text glues the words of PDFs
 that space them by position instead of with space characters, as pdfTeX's often do (Debian's FAQ:
-"Thisdocumentgivesfrequentlyaskedquestions"), and takes about ten times as long. Where PDFium
-cannot read a file that pypdf can, pypdf's text is taken.
+"Thisdocumentgivesfrequentlyaskedquestions"), and takes several times as long (Valgrind's
+397-page manual: 3.7 s against 0.4 s). Where PDFium cannot read a file that pypdf can, or finds
+no text in it, pypdf's text is taken.
 """
 
 from __future__ import annotations

@@ -49,12 +49,11 @@ class PdfSource:
     sha256: str = ""  # of the PDF the questions were written from (another version moves pages)
 
 
-# Overlaps measured 2026-12-05 against the corpus training.prepare builds on the development
-# machine, with this module's text (PDFium's; `docqa-tools eval-pdfs --corpus .train-data/corpus`
-# prints them again): valgrind 4% (common phrases; one asked page, Cachegrind's options, 51%
-# against run 13's corpus, which held valgrind's man pages), crc-doc 0%, mime-spec 0%; debian-faq
-# 89% (its HTML is in the corpus), nettle 69%, bashref 85%, bzip2 90%, libtasn1 86% (their info
-# manuals are). training.corpus leaves the held-out sources' packages out (HELD_OUT_PACKAGES).
+# `held_out` says whether a source's text stays out of the training corpus: the held-out sources'
+# packages are HELD_OUT_PACKAGES, which training.corpus never reads (0-4% of their 8-word runs are
+# still found there: common phrases); the seen sources' manuals are in it as info or HTML pages
+# (69-90%). `--corpus` measures it again against any corpus; the measured shares are in each
+# results folder's meta.json (docs/results/docqa-tiny-eval/pdfs-*/).
 SOURCES: dict[str, PdfSource] = {s.name: s for s in (
     PdfSource("valgrind", "valgrind", Path("/usr/share/doc/valgrind/valgrind_manual.pdf.gz"), True,
               "Valgrind documentation (397 pages; valgrind 1:3.19.0-1)",
@@ -201,9 +200,9 @@ def _holding_passage(q: PdfQuestion, citations) -> bool:
     return any(c.page_start <= q.page - 1 <= c.page_end and holds_answer(c.text, q.answers) for c in citations)
 
 
-def ask_all(service, questions: list[PdfQuestion], sources: dict[str, PdfSource] = SOURCES,
+def ask_all(service, questions: list[PdfQuestion], pdfs: dict[str, bytes], sources: dict[str, PdfSource] = SOURCES,
             progress: Callable[[str], None] = print, overrides: dict | None = None) -> list[PdfAnswerRow]:
-    """Ingests every source's PDF into `service` (an app.service.DocQA), then asks the questions,
+    """Ingests every source's PDF (`pdfs`, by source) into `service` (an app.service.DocQA), then asks the questions,
     with the model's defaults changed by `overrides` (app.defaults.ModelDefaults fields), if any.
     Every question is asked of the same library: BM25's statistics are the library's, so a
     question's candidates would depend on which documents had been added before it."""
@@ -213,7 +212,7 @@ def ask_all(service, questions: list[PdfQuestion], sources: dict[str, PdfSource]
     ids = {}
     for name in dict.fromkeys(q.source for q in questions):
         start = time.perf_counter()
-        info, _ = service.ingest(read_pdf(sources[name]), f"{name}.pdf")
+        info, _ = service.ingest(pdfs[name], f"{name}.pdf")
         ids[name] = info.record.id
         progress(f"{name}: {info.record.page_count} pages, {info.tokens} tokens, {info.chunks} chunks "
                  f"({time.perf_counter() - start:.1f} s)")
@@ -245,11 +244,13 @@ def ask_all(service, questions: list[PdfQuestion], sources: dict[str, PdfSource]
     return rows
 
 
+def _percent(rows: list[PdfAnswerRow], what: Callable[[PdfAnswerRow], bool | None]) -> str:
+    return f"{100 * sum(bool(what(r)) for r in rows) / len(rows):.0f}%" if rows else "-"
+
+
 def _share(rows: list[PdfAnswerRow], what: Callable[[PdfAnswerRow], bool | None]) -> str:
-    if not rows:
-        return "-"
-    hits = sum(bool(what(r)) for r in rows)
-    return f"{100 * hits / len(rows):.0f}% ({hits}/{len(rows)})"
+    """"75% (3/4)"; "-" for no rows."""
+    return f"{_percent(rows, what)} ({sum(bool(what(r)) for r in rows)}/{len(rows)})" if rows else "-"
 
 
 def summarize(rows: list[PdfAnswerRow]) -> str:
@@ -269,7 +270,7 @@ def summarize(rows: list[PdfAnswerRow]) -> str:
             part = answerable if name == "all" else [r for r in answerable if r.source == name]
             out.append(f"| {'**all**' if name == 'all' else name} | {len(part)} | {_share(part, lambda r: r.right)} | "
                        f"{_share(part, lambda r: r.not_found)} | {_share(part, lambda r: r.page_cited)} "
-                       f"({_share(part, lambda r: r.page_cited_first).split(' ')[0]}) | "
+                       f"({_percent(part, lambda r: r.page_cited_first)}) | "
                        f"{_share(part, lambda r: r.page_candidate)} |")
         out += ["", "| answer kind | questions | right |", "|---|---|---|"]
         for kind in ANSWER_KINDS:
@@ -302,9 +303,9 @@ def evaluate(model_dir: Path, out_dir: Path, questions_file: Path = QUESTIONS_FI
              prefilter: int | None = None) -> list[PdfAnswerRow]:
     """Runs the set (`only` these sources, if given) through a fresh app (its library in
     `data_dir`, else a temporary folder removed after; a library holding other documents changes
-    BM25's statistics, so the numbers are comparable only over the same documents), with the model's defaults changed by
-    `overrides` and the BM25 prefilter's M by `prefilter` (None: the model's), and writes
-    results.jsonl, summary.md and meta.json under `out_dir`."""
+    BM25's statistics, so the numbers are comparable only over the same documents), with the
+    model's defaults changed by `overrides` and the BM25 prefilter's M by `prefilter` (None: the
+    model's), and writes results.jsonl, summary.md and meta.json under `out_dir`."""
     from app.service import DocQA, ServiceConfig
 
     questions = load_questions(questions_file, sources)
@@ -316,8 +317,9 @@ def evaluate(model_dir: Path, out_dir: Path, questions_file: Path = QUESTIONS_FI
     out_dir.mkdir(parents=True, exist_ok=True)
     meta: dict = {"model": str(model_dir), "questions": str(questions_file), "overrides": overrides or {},
                   "prefilter": prefilter, "library": str(data_dir) if data_dir else "fresh", "sources": {}}
-    for name in dict.fromkeys(q.source for q in questions):  # every PDF present before the model loads
-        digest = pdf_digest(read_pdf(sources[name]))
+    pdfs = {name: read_pdf(sources[name]) for name in dict.fromkeys(q.source for q in questions)}  # before the model
+    for name, data in pdfs.items():
+        digest = pdf_digest(data)
         meta["sources"][name] = {"sha256": digest, "held_out": sources[name].held_out}
         if sources[name].sha256 and digest != sources[name].sha256:
             progress(f"warning: {sources[name].path} is not the PDF the questions were written from (another "
@@ -326,8 +328,8 @@ def evaluate(model_dir: Path, out_dir: Path, questions_file: Path = QUESTIONS_FI
         from app.ingest import extract_pdf
 
         seen = corpus_shingles(corpus_dir)
-        for name in dict.fromkeys(q.source for q in questions):
-            overlap = corpus_overlap(extract_pdf(read_pdf(sources[name])).text, seen)
+        for name, data in pdfs.items():
+            overlap = corpus_overlap(extract_pdf(data).text, seen)
             meta["sources"][name]["corpus_overlap"] = round(overlap, 3)
             progress(f"{name}: {overlap:.0%} of its {SHINGLE_WORDS}-word runs are in the corpus "
                      f"({'held out' if sources[name].held_out else 'seen'})")
@@ -339,7 +341,7 @@ def evaluate(model_dir: Path, out_dir: Path, questions_file: Path = QUESTIONS_FI
                                       prefilter_chunks=prefilter))
         try:
             meta["device"] = str(service.engine.device)
-            rows = ask_all(service, questions, sources, progress, overrides)
+            rows = ask_all(service, questions, pdfs, sources, progress, overrides)
         finally:
             service.close()
     finally:

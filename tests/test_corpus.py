@@ -45,6 +45,39 @@ def test_manual_page_source_becomes_its_words():
     assert "comment" not in text and ".TH" not in text and "\\f" not in text
 
 
+# What pod2man and mdoc write: a macro definition, a condition's body, point-size escapes around an
+# acronym, .IP's indent argument, .TP's indent, font-alternating and mdoc flag macros.
+POD2MAN = r'''.de Vb \" Begin verbatim text
+.ft CW
+nf
+..
+.if n \{\
+.    ds C` ""
+.\}
+\{\
+.SH "OPTIONS"
+.IP "\fB\-newcert\fR" 4
+.IX Item "-newcert"
+Creates a new \s-1CA\s0 certificate; see
+.BR openssl (1).
+.TP 8
+\fB\-\-all\fR
+do not ignore entries starting with \(aq.\(aq
+.It Fl v Ar file
+Verbose; see
+.Xr ls 1 .
+'''
+
+
+def test_manual_page_macros_and_escapes_leave_no_debris():
+    text = normalise(roff_to_text(POD2MAN))
+    assert "OPTIONS\n\n-newcert Creates a new CA certificate; see openssl(1)." in text
+    assert "--all do not ignore entries starting with '.'" in text
+    assert "-v file Verbose; see ls(1)." in text
+    for debris in ("-1CA0", "\\{", "\\}", "ft CW", "nf", " 4", " 8", "Vb", "ds C"):
+        assert debris not in text, debris
+
+
 def test_info_and_html_lose_their_markup():
     info = "\x1fFile: x.info, Node: Top\nThe find command searches.\n* Menu:\n* Intro:: First.\n"
     assert normalise(info_to_text(info)) == "The find command searches."
@@ -114,3 +147,10 @@ def test_build_leaves_out_the_held_out_packages_files(tmp_path):
     (dpkg / f"{HELD_OUT_PACKAGES[0]}:amd64.list").unlink()  # its folder is there, dpkg knows nothing of it
     with pytest.raises(RuntimeError, match="dpkg lists no files"):
         build(tmp_path / "out2", ("readme",), roots={"doc_root": doc_root}, dpkg_info=dpkg)
+
+
+def test_build_reads_the_systems_folders_by_default(tmp_path):
+    """No roots given (what `python -m training.corpus` does): the system's folders, whatever is
+    installed; a licence file is on every Debian system."""
+    manifest = build(tmp_path / "out", ("licences",), max_chars_per_kind=1)
+    assert manifest.kinds["licences"].documents == 1

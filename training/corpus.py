@@ -97,32 +97,93 @@ def read_maybe_gzipped(path: Path) -> str:
 
 _ROFF_FONT = re.compile(r"\\f(\[[^\]]*\]|\(..|.)")
 _ROFF_ESCAPES = {r"\-": "-", r"\(em": "\u2014", r"\(en": "\u2013", r"\(bu": "\u2022", r"\(aq": "'", r"\(dq": '"',
-                 r"\(lq": '"', r"\(rq": '"', r"\(oq": "'", r"\(cq": "'", r"\e": "\\", r"\&": "", r"\ ": " ",
-                 r"\~": " ", r"\|": "", r"\^": "", r"\%": "", r"\:": "", r"\c": ""}
-_ROFF_TEXT_MACROS = {"SH", "SS", "B", "I", "BR", "RB", "IR", "RI", "BI", "IB", "SM", "SB", "TP", "IP", "Nm", "Nd",
-                     "Sh", "Ss", "Pp", "Fl", "Ar", "Op", "Xr", "Em", "Sy", "Dl", "It"}
+                 r"\(lq": '"', r"\(rq": '"', r"\(oq": "'", r"\(cq": "'", r"\(hy": "-", r"\(mi": "-", r"\(pl": "+",
+                 r"\(co": "\u00a9", r"\(rg": "\u00ae", r"\e": "\\", r"\&": "", r"\ ": " ", r"\~": " ", r"\|": "",
+                 r"\^": "", r"\%": "", r"\:": "", r"\c": "",
+                 r"\/": "", r"\,": ""}
+# Escapes that print nothing, with their arguments: point size (\s-1 ... \s0, which pod2man puts
+# around every acronym: "\s-1CA\s0" would leave "-1CA0"), motions and widths (\h'..', \v'..',
+# \w'..'), number registers (\n(.g), marks (\kx), defined strings (\*(xx), special characters left.
+_ROFF_SILENT = re.compile(r"\\s[+-]?(?:\(\d\d|\[\d+\]|\d)|\\[hvwlLDXNbo]'[^']*'|\\n(?:\(..|\[[^\]]*\]|.)"
+                          r"|\\k.|\\\*?\(..|\\\*\[[^\]]*\]|\\\*.|\\[a-zA-Z]")
+# Macros whose arguments are text. Of .IP only the first argument is (the tag; the second is the
+# indent), .TP's argument is an indent (its tag is the next line); the font-alternating macros
+# join their arguments without spaces (".BR ls (1)" is "ls(1)").
+_ROFF_TEXT_MACROS = {"SH", "SS", "B", "I", "BR", "RB", "IR", "RI", "BI", "IB", "SM", "SB", "IP", "Nm", "Nd", "Sh",
+                     "Ss", "Fl", "Ar", "Op", "Xr", "Em", "Sy", "Dl", "It", "Pa", "Cm", "Li", "Ic", "Ev", "Va", "Dv",
+                     "Er", "Fn", "Fa", "Dq", "Ql", "Pq", "Sq"}
+_ROFF_JOINED = {"BR", "RB", "IR", "RI", "BI", "IB"}
+# mdoc macros that may stand among another mdoc macro's arguments: dropped, their words kept
+# (Fl, Xr and Ns rewrite theirs: ".It Fl v" is "-v", ".Xr ls 1" is "ls(1)").
+_MDOC_INLINE = {"Ar", "Op", "Oo", "Oc", "Pa", "Cm", "Li", "Ic", "Ev", "Va", "Dv", "Er", "Fn", "Fa", "Em", "Sy", "Dq",
+                "Ql", "Pq", "Sq", "Nm", "No"}
+_ROFF_MACRO_DEFINITIONS = (".de", ".de1", ".am", ".ig")
+
+
+def _roff_arguments(rest: str) -> list[str]:
+    """A request's arguments: space-separated, a double-quoted one may hold spaces."""
+    return [a[1:-1] if a.startswith('"') else a for a in re.findall(r'"[^"]*"?|\S+', rest)]
+
+
+def _mdoc_words(args: list[str]) -> str:
+    out: list[str] = []
+    i, glue = 0, False
+    while i < len(args):
+        word = args[i]
+        if word == "Ns":
+            glue = True
+        elif word == "Fl":
+            nxt = args[i + 1] if i + 1 < len(args) and args[i + 1] not in _MDOC_INLINE | {"Fl", "Ns", "Xr"} else ""
+            out.append("-" + nxt)
+            i += 1 if nxt else 0
+        elif word == "Xr" and i + 2 < len(args):
+            out.append(f"{args[i + 1]}({args[i + 2]})")
+            i += 2
+        elif word not in _MDOC_INLINE:
+            if (glue or word in (".", ",", ";", ":", ")", "]")) and out:  # closing punctuation attaches
+                out[-1] += word
+            else:
+                out.append(word)
+            glue = False
+        i += 1
+    return " ".join(out)
 
 
 def roff_to_text(src: str) -> str:
-    """Manual page source to plain text: comments and layout requests dropped, the words of
-    heading and font macros kept, font and character escapes replaced."""
+    """Manual page source to plain text: comments, layout requests and macro definitions dropped,
+    the words of heading, font and mdoc macros kept, font and character escapes replaced."""
     out: list[str] = []
+    in_definition = False
     for line in src.splitlines():
+        if in_definition:
+            in_definition = line.strip() != ".."
+            continue
         if line.startswith(('.\\"', "'\\\"", '\\"')):
+            continue
+        if line.lstrip().startswith(("\\{", "\\}")):  # the body or end of a request's condition
             continue
         if line.startswith((".", "'")):
             name, _, rest = line[1:].strip().partition(" ")
-            if name in ("SH", "SS", "Sh", "Ss"):
-                out.append("")  # a heading starts a paragraph
-            if name in ("PP", "LP", "P", "Pp", "sp", "br", "TP", "IP"):
-                out.append("")
-            if name not in _ROFF_TEXT_MACROS or not rest:
+            if "." + name in _ROFF_MACRO_DEFINITIONS:
+                in_definition = True
                 continue
-            line = rest.replace('"', "")
+            if name in ("SH", "SS", "Sh", "Ss", "PP", "LP", "P", "Pp", "sp", "br", "TP", "IP", "It"):
+                out.append("")  # a heading or paragraph starts a paragraph
+            args = _roff_arguments(rest)
+            if name not in _ROFF_TEXT_MACROS or not args:
+                continue
+            if name == "IP":
+                line = args[0]
+            elif name in _ROFF_JOINED:
+                line = "".join(args)
+            elif name[:1].isupper() and name[1:2].islower():  # mdoc
+                line = ("- " if name == "Nd" else "") + _mdoc_words(([name] if name in ("Fl", "Xr") else []) + args)
+            else:
+                line = " ".join(args)
         line = _ROFF_FONT.sub("", line)
         for esc, rep in _ROFF_ESCAPES.items():
             line = line.replace(esc, rep)
-        line = re.sub(r"\\\*?\(..|\\\*\[[^\]]*\]|\\\*.|\\[a-zA-Z]", "", line)
+        line = _ROFF_SILENT.sub("", line)
         out.append(line)
     return "\n".join(out)
 
@@ -376,9 +437,9 @@ def build(out: Path, kinds: tuple[str, ...] = ALL_KINDS, max_chars_per_kind: int
     leaving the files of HELD_OUT_PACKAGES out of the training kinds."""
     out.mkdir(parents=True, exist_ok=True)
     manifest = Manifest()
+    roots = roots or {}
     excluded = package_files(HELD_OUT_PACKAGES, dpkg_info, roots.get("doc_root", Path("/usr/share/doc")))
     dedup = Deduplicator()
-    roots = roots or {}
     # Held-out kinds are deduplicated first: a paragraph shared with a training source then stays
     # in the held-out shard and out of training.
     for kind in sorted(kinds, key=lambda k: (k not in HELD_OUT_KINDS, ALL_KINDS.index(k))):

@@ -106,6 +106,24 @@ class QuestionStopped(RuntimeError):
     """A question was stopped before its answer: cancelled by its asker, or past its time budget."""
 
 
+class DocumentNotFound(ValueError):
+    """A name given for documents names none, or several: `code` says which
+    ("document_not_found", "collection_not_found", "ambiguous_document", "empty_name")."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# The faces that ask questions, kept with each conversation: the web page lists only its own (an
+# API client's or the CLI's questions are not the page's conversations).
+ORIGINS = ("web", "api", "cli")
+
+# The shortest id prefix a document may be named by (the UI's table and `docqa list` show 12
+# characters): shorter ones are too easily typed by mistake, and "" would match every id.
+MIN_ID_PREFIX = 6
+
+
 class ServiceBusy(RuntimeError):
     """More questions are waiting for the model than `ServiceConfig.max_waiting_questions`: the
     asker should try again shortly (HTTP 429 on the API)."""
@@ -114,6 +132,20 @@ class ServiceBusy(RuntimeError):
 RENDERED_PAGES_KEPT = 16  # page images the viewer keeps in memory (about 100 KB each)
 UPLOAD_TEMP = "tmp"  # the app's own temporary folder in the data folder (the web UI's uploads)
 STALE_UPLOAD_S = 3600.0  # uploads left there longer than this (by a killed server) are removed at start
+
+
+def upload_debris(folder: Path, before: float | None = None) -> list[Path]:
+    """The empty files directly in the app's temporary folder (modified before `before`, a time.time()
+    value, when given): debris, never an upload. Gradio keeps each upload in a folder of its own, and
+    its File component leaves one empty temporary file beside them for every file it hands to an
+    event (gradio.components.File._process_single_file), which it never removes."""
+    out = []
+    for path in folder.iterdir() if folder.is_dir() else []:
+        with contextlib.suppress(OSError):
+            info = path.stat()
+            if path.is_file() and info.st_size == 0 and (before is None or info.st_mtime < before):
+                out.append(path)
+    return out
 
 
 @dataclass(frozen=True)
@@ -145,8 +177,26 @@ class Citation:
     char_end: int = -1
 
 
+# What an answer says where the model read none (it abstained): the reply a reader sees in place of
+# an empty answer, and the first sentence of the warning such an answer carries.
+NOT_FOUND_ANSWER = "Not found: no answer was read in the chosen passages."
+# Measured (model card): where the bundled model abstains, the passage holding the answer is often
+# among the chosen ones, in a wording it does not read; so the warning sends the reader to them
+# rather than claiming they do not say it.
+NOT_FOUND_WARNING = (f"{NOT_FOUND_ANSWER} The documents may not contain it, or may word it in a way the model does "
+                     "not read: check the passages cited.")
 UNGROUNDED_WARNING = ("Check this answer: none of the chosen passages contains it, so it may not come from "
                       "the documents.")
+
+
+def may_yet_abstain(partial: str, abstain_answer: str | None) -> bool:
+    """Pure: whether a partial answer (masked slots as MASK_GLYPH) may still end as the model's
+    abstain answer ("not found"): its text before the first masked slot is empty or begins that
+    answer. Such a partial is no answer to show yet: abstaining, the answer is NOT_FOUND_ANSWER."""
+    if not abstain_answer:
+        return False
+    settled = partial.split(MASK_GLYPH, 1)[0].strip().lower().rstrip(".")
+    return abstain_answer.lower().startswith(settled)
 
 
 def answer_warning(text: str, citations: list[Citation], best_score: float, weak_score: float | None,
@@ -156,11 +206,7 @@ def answer_warning(text: str, citations: list[Citation], best_score: float, weak
     answer none of the passages contains, from a model that copies its answers (`extractive`), is
     flagged; else a best score below `weak_score` warns that the documents may not hold the answer."""
     if abstain_answer and abstains(text, abstain_answer):
-        # Measured (model card): where the bundled model abstains, the passage holding the answer
-        # is often among the chosen ones, in a wording it does not read; so the warning sends the
-        # reader to them rather than claiming they do not say it.
-        return "", ("Not found: no answer was read in the chosen passages. The documents may not contain it, or "
-                    "may word it in a way the model does not read: check the passages cited.")
+        return "", NOT_FOUND_WARNING
     if extractive and not answer_in_passages(text, [Passage(c.document_id, c.char_start, c.char_end, c.text)
                                                     for c in citations]):
         return text, UNGROUNDED_WARNING
@@ -181,6 +227,12 @@ class AskResult:
     timings: dict[str, float]
     steps: int
     cached: bool = False
+
+    @property
+    def reply(self) -> str:
+        """The answer as a reader is told it: its text, or where the model read none, a sentence
+        saying so (an empty reply reads as a failure)."""
+        return self.answer or NOT_FOUND_ANSWER
 
 
 @dataclass(frozen=True)
@@ -410,6 +462,8 @@ class DocQA:
                     logger.warning("could not memoise the extraction of %s: %s", name, exc)
         else:
             record = existing
+        if not created:  # the same bytes, perhaps under another name: that name finds this document too
+            self.store.add_document_name(doc_id, name)
         size = chunk_size or self.defaults.chunk_size
         say("encoding", 0.5)
         try:
@@ -467,6 +521,39 @@ class DocQA:
         statuses = ("ready", "failed") if include_failed else ("ready",)
         return [self.document_info(r) for r in self.store.list_documents(statuses)]
 
+    def names_of(self, doc_id: str) -> list[str]:
+        """The names document `doc_id` was added under, its first one first."""
+        return self.store.document_names().get(doc_id, [])
+
+    def resolve_documents(self, names: list[str], include_failed: bool = False, listing: str = "the library"
+                          ) -> list[str]:
+        """Document ids for names as a person gives them: a document's id, an id prefix of at least
+        MIN_ID_PREFIX characters, a name it was added under, or "@collection". Raises
+        DocumentNotFound for a name that names none, or several; `listing` is where to look them up
+        ("docqa list"), named in its message."""
+        docs = self.documents(include_failed=include_failed)
+        known_names = self.store.document_names()
+        collections = self.collections()
+        ids: list[str] = []
+        for name in names:
+            name = name.strip()
+            if not name:
+                raise DocumentNotFound("empty_name", f"a document name or id is empty (see {listing})")
+            if name.startswith("@"):
+                if name[1:] not in collections:
+                    raise DocumentNotFound("collection_not_found", f"no collection named {name[1:]!r}")
+                ids += collections[name[1:]]
+                continue
+            hits = [d.record.id for d in docs if name == d.record.id or name in known_names.get(d.record.id, ())
+                    or (len(name) >= MIN_ID_PREFIX and d.record.id.startswith(name))]
+            if not hits:
+                raise DocumentNotFound("document_not_found", f"no stored document named {name!r} (see {listing})")
+            if len(hits) > 1:
+                raise DocumentNotFound("ambiguous_document", f"{name!r} matches several documents; give the id of "
+                                                             f"the one to read (see {listing})")
+            ids.append(hits[0])
+        return list(dict.fromkeys(ids))
+
     def delete(self, doc_id: str) -> bool:
         """Deletes a document and everything derived from it: its rows, text, KV, original upload,
         memoised extraction and answers, and any copy left in the app's temporary folder."""
@@ -503,12 +590,19 @@ class DocQA:
             if path.parent.resolve() != self.upload_dir.resolve():
                 path.parent.rmdir()  # Gradio keeps each upload in a folder of its own
 
+    def discard_upload_debris(self, before: float | None = None) -> None:
+        """Removes the empty files Gradio leaves in the app's temporary folder (`upload_debris`);
+        `before`: only those older than that moment, so an upload still arriving is left alone."""
+        for path in upload_debris(self.upload_dir, before):
+            path.unlink(missing_ok=True)
+
     def _remove_stale_uploads(self) -> None:
         cutoff = time.time() - STALE_UPLOAD_S
         for path in self.upload_dir.rglob("*"):
             with contextlib.suppress(OSError):
                 if path.is_file() and path.stat().st_mtime < cutoff:
                     path.unlink()
+        self.discard_upload_debris()  # whatever their age: no upload is ever an empty file
 
     def save_collection(self, name: str, document_ids: list[str]) -> None:
         self.store.save_collection(name, document_ids)
@@ -544,7 +638,8 @@ class DocQA:
 
     def ask(self, question: str, document_ids: list[str], params: AnswerParams | None = None,
             conversation_id: str | None = None, chunk_size: int | None = None,
-            cancel: threading.Event | None = None, prefilter_chunks: int | None = None) -> Iterator[AskEvent]:
+            cancel: threading.Event | None = None, prefilter_chunks: int | None = None,
+            origin: str = "web") -> Iterator[AskEvent]:
         """Streams the answer as it is denoised, then the cited result (also stored in SQLite).
 
         Raises ValueError for a question that cannot be asked (empty, too long, no or unknown
@@ -554,8 +649,11 @@ class DocQA:
 
         `prefilter_chunks`: how many chunks, the best by BM25, the scorer sees (None: the model's
         default for the engine's device, `app.defaults.prefilter_for`; 0: all). Absolute positions
-        place every chunk at its ordinal, so they score all."""
+        place every chunk at its ordinal, so they score all. `origin`: the face asking ('web', 'api',
+        'cli'), kept with the conversation its first answer starts; the web page lists its own."""
         question = self.check_question(question)
+        if origin not in ORIGINS:
+            raise ValueError(f"origin {origin!r} is not one of {', '.join(ORIGINS)}")
         if not document_ids:
             raise ValueError("choose at least one document")
         records = [self._askable(doc_id) for doc_id in dict.fromkeys(document_ids)]
@@ -569,12 +667,10 @@ class DocQA:
             m = PREFILTER_ALL
         request_key = hashlib.sha256(json.dumps(
             [question, sorted(r.id for r in records), repr(params), size, m, self.kv.fingerprint]).encode()).hexdigest()
-        if conversation_id is None and not self.read_only:
-            conversation_id = self.store.create_conversation(question[:80])
         hit = self.memo.get(ANSWER_MEMO, request_key)
         if hit is not None:
             result = replace(self._result_from_json(hit["result"]), conversation_id=conversation_id or "", cached=True)
-            self._record(result, question, document_ids, params)
+            result = self._record(result, question, document_ids, params, origin)
             yield AskEvent("done", "answered from cache", result.answer, result)
             return
         stop = self._stopper(cancel)
@@ -635,7 +731,7 @@ class DocQA:
         if final is not None and not final.trace.lone_failed:  # an unchecked answer is not kept for the next asker
             self.memo.set(ANSWER_MEMO, request_key, {"document_ids": [r.id for r in records],
                                                      "result": self._result_to_json(result)})
-        self._record(result, question, document_ids, params)
+        result = self._record(result, question, document_ids, params, origin)
         yield AskEvent("done", partial=result.answer, result=result)
 
     def _askable(self, doc_id: str) -> DocumentRecord:
@@ -732,15 +828,21 @@ class DocQA:
         timings = {"load_kv": load_s, **tr.timings}
         return AskResult(answer, citations, warning, conversation_id, scores, anchors, timings, tr.steps)
 
-    def _record(self, result: AskResult, question: str, document_ids: list[str], params: AnswerParams) -> None:
-        if self.read_only or not result.conversation_id:  # a read-only library keeps no history
-            return
+    def _record(self, result: AskResult, question: str, document_ids: list[str], params: AnswerParams,
+                origin: str) -> AskResult:
+        """Stores the answer in its conversation, which a first answer starts (a question never
+        answered leaves none, empty); returns the result with its conversation's id."""
+        if self.read_only:  # a read-only library keeps no history
+            return result
+        if not result.conversation_id:
+            result = replace(result, conversation_id=self.store.create_conversation(question[:80], origin))
         # Each citation whole but its per-slot counts (the words carry their shading), so the
         # answer's sources and Inspect view reopen from the history, also after a restart.
         cites = [{k: v for k, v in asdict(c).items() if k != "kept_tokens"} for c in result.citations]
         self.store.add_message(
             result.conversation_id, question, result.answer, document_ids, json.loads(json.dumps(asdict(params))),
             cites, result.timings, warning=result.warning, scores=result.scores, anchors=result.anchors)
+        return result
 
     @staticmethod
     def _result_to_json(result: AskResult) -> dict:
@@ -752,8 +854,9 @@ class DocQA:
         data["citations"] = [Citation(**c) for c in data["citations"]]
         return AskResult(**data)
 
-    def conversations(self) -> list[dict]:
-        return self.store.list_conversations()
+    def conversations(self, origin: str | None = "web") -> list[dict]:
+        """The conversations `origin` asked (None: every face's), the latest first."""
+        return self.store.list_conversations(origin)
 
     def messages(self, conversation_id: str):
         return self.store.messages(conversation_id)

@@ -286,3 +286,24 @@ def m008_job_counts(db: Database) -> None:
     for column in ("pages_done", "pages_total", "chunks_done", "chunks_total"):
         db.execute(f"ALTER TABLE jobs ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
     db.execute("ALTER TABLE jobs ADD COLUMN stage_started_at TEXT")
+
+
+@migrations()
+def m009_document_names(db: Database) -> None:
+    """The other names a document was added under: the same bytes uploaded again under another name
+    are the same document, and that name must find it too (`documents.name` stays its first)."""
+    _run_statements(db, """
+    CREATE TABLE document_names (
+        document_id TEXT NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+        name TEXT NOT NULL,
+        added_at TEXT NOT NULL,
+        PRIMARY KEY (document_id, name)
+    ) STRICT
+    """)
+
+
+@migrations()
+def m010_conversation_origin(db: Database) -> None:
+    """Which face asked a conversation's questions ('web', 'api', 'cli'), so that the web page lists
+    its own conversations, not every API call. Those asked before were the web page's."""
+    db.execute("ALTER TABLE conversations ADD COLUMN origin TEXT NOT NULL DEFAULT 'web'")

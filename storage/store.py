@@ -386,6 +386,25 @@ class DocumentStore:
         return [DocumentRecord(**r) for r in self.db.query(
             f"SELECT * FROM documents WHERE status IN ({marks}) ORDER BY created_at", list(statuses))]
 
+    def add_document_name(self, doc_id: str, name: str) -> None:
+        """Another name the document `doc_id` is known by (its bytes were added again under it)."""
+        record = self.get_document(doc_id)
+        if record is None or name == record.name:
+            return
+        self.require_writable()
+        with self.transaction():
+            self.db.execute("INSERT OR IGNORE INTO document_names VALUES (?, ?, ?)", [doc_id, name, _now()])
+        self.backup()
+
+    def document_names(self) -> dict[str, list[str]]:
+        """Every document's names by its id: the name it was first added under, then the others."""
+        names: dict[str, list[str]] = {}
+        for row in self.db.query("SELECT id, name FROM documents"):
+            names[row["id"]] = [row["name"]]
+        for row in self.db.query("SELECT document_id, name FROM document_names ORDER BY added_at"):
+            names.setdefault(row["document_id"], []).append(row["name"])
+        return names
+
     def document_text(self, doc_id: str) -> str:
         try:
             return self._text_path(doc_id).read_text(encoding="utf-8")
@@ -761,15 +780,19 @@ class DocumentStore:
 
     # ---- conversations -----------------------------------------------------------------------
 
-    def create_conversation(self, title: str) -> str:
+    def create_conversation(self, title: str, origin: str = "web") -> str:
+        """A new conversation; `origin` is the face that asks it ('web', 'api', 'cli')."""
         conv_id = uuid.uuid4().hex
         now = _now()
         with self.transaction():
-            self.db["conversations"].insert({"id": conv_id, "title": title, "created_at": now, "updated_at": now})
+            self.db["conversations"].insert({"id": conv_id, "title": title, "created_at": now, "updated_at": now,
+                                             "origin": origin})
         return conv_id
 
-    def list_conversations(self) -> list[dict]:
-        return list(self.db.query("SELECT * FROM conversations ORDER BY updated_at DESC"))
+    def list_conversations(self, origin: str | None = None) -> list[dict]:
+        """The conversations, the latest first: those of `origin`, or all."""
+        where, args = ("WHERE origin = ?", [origin]) if origin is not None else ("", [])
+        return list(self.db.query(f"SELECT * FROM conversations {where} ORDER BY updated_at DESC", args))
 
     def add_message(self, conversation_id: str, question: str, answer: str, documents: list[str], params: dict,
                     selected_chunks: list[dict], timings: dict, warning: str | None = None,

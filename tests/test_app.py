@@ -309,6 +309,65 @@ def test_gradio_api(server, tmp_path):
         else "6150382" in final[0][-1]["content"]
 
 
+ASK_SETTINGS = (4, 128, 0, 64, 0.9, "static", "threshold", 0.8)  # the Settings tab's inputs, as the page sends them
+
+
+def _chat_message(role: str, text: str) -> dict:
+    return {"role": role, "content": [{"type": "text", "text": text}]}
+
+
+def _text_of(message: dict) -> str:
+    content = message["content"]
+    return content if isinstance(content, str) else " ".join(part.get("text", "") for part in content)
+
+
+def test_an_empty_question_leaves_the_conversation_as_it_was(server, service):
+    """Ask with nothing typed: a note says to type a question; no output is replaced by an error."""
+    from gradio_client import Client
+
+    doc_id = service.ingest(small_pdf(), "notes.pdf")[0].record.id
+    history = [_chat_message("user", "earlier"), _chat_message("assistant", "an answer")]
+    for blank in ("", "   "):
+        outputs = Client(server, verbose=False).predict(blank, history, [doc_id], None, *ASK_SETTINGS,
+                                                        api_name="/ask")
+        # Chat, conversation, question and sources all left unchanged.
+        assert all(o.get("__type__") == "update" and o.get("value") is None for o in outputs if isinstance(o, dict))
+
+
+def test_a_question_read_shows_no_interim_answer_and_clears_the_old_sources(server, service):
+    """While a question the documents do not answer is read, the chat shows a neutral note, not the
+    model's "not found" as if it were the answer; the sources line is marked pending at once."""
+    from gradio_client import Client
+
+    from app.service import NOT_FOUND_ANSWER
+
+    doc_id = service.ingest(small_pdf(), "notes.pdf")[0].record.id
+    question = "What is the special magic number for violet-badger mentioned in the provided text?"
+    job = Client(server, verbose=False).submit(question, [], [doc_id], None, *ASK_SETTINGS, api_name="/ask")
+    updates = [u for u in job if isinstance(u[0], list)]  # those that show the chat
+    chat = [_text_of(u[0][-1]) for u in updates]
+    assert not any("not found" in text.lower() for text in chat[:-1]), chat
+    assert _text_of(job.result()[0][-1]).startswith(NOT_FOUND_ANSWER)
+    assert "Sources of" in updates[0][3] and "when the answer is given" in updates[0][3]
+
+
+def test_uploads_leave_no_temporary_files_and_start_up_removes_old_ones(server, service, tmp_path):
+    from gradio_client import Client, handle_file
+
+    from app.maintenance import diagnose
+    from app.service import upload_debris
+
+    path = tmp_path / "tmp-check.md"
+    path.write_text("# Check\n\nThe boat is red.")
+    Client(server, verbose=False).predict([handle_file(str(path))], "", api_name="/ingest")
+    assert upload_debris(service.upload_dir) == []
+    # Left by an earlier version or a killed server: the doctor reports it, the next start removes it.
+    (service.upload_dir / "tmpleft0ver").touch()
+    assert any("temporary upload" in problem for problem in diagnose(service.config.data_dir).problems)
+    DocQA(ServiceConfig(data_dir=service.config.data_dir, device="cpu")).close()
+    assert upload_debris(service.upload_dir) == []
+
+
 def test_settings_score_margin(service):
     import gradio as gr
 

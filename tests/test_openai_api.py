@@ -15,7 +15,7 @@ import httpx
 import pytest
 from test_app import NEEDLE_Q, covers, small_pdf
 
-from app.service import MASK_GLYPH, DocQA, ServiceConfig
+from app.service import MASK_GLYPH, NOT_FOUND_ANSWER, NOT_FOUND_WARNING, DocQA, QuestionStopped, ServiceConfig
 from ui.openai_api import settled_text
 
 openai = pytest.importorskip("openai")
@@ -123,15 +123,20 @@ def test_streamed_answer_is_the_answer_and_ends_with_citations(client, notes):
     assert streamed == whole.choices[0].message.content == "6150382"
 
 
-def test_a_not_found_answer_is_empty_with_a_warning(client, notes):
+def test_a_not_found_answer_says_so_in_its_content_with_a_warning(client, notes):
+    """A plain OpenAI client shows the content only: "not found" is said there, not left empty."""
     question = "What is the special magic number for blue-walrus mentioned in the provided text?"
     chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
                                                  stream=True, stream_options={"include_usage": True},
                                                  extra_body={"documents": ["notes.pdf"]}))
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == NOT_FOUND_ANSWER
     finish = next(c for c in chunks if c.choices and c.choices[0].finish_reason == "stop")
-    assert "not found" in finish.model_extra["warning"].lower()
+    assert finish.model_extra["warning"] == NOT_FOUND_WARNING and finish.model_extra["citations"]
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens > 0  # include_usage: a usage chunk last
+    whole = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                           extra_body={"documents": ["notes.pdf"]})
+    assert whole.choices[0].message.content == NOT_FOUND_ANSWER
+    assert whole.model_extra["warning"] == NOT_FOUND_WARNING and whole.model_extra["citations"]
 
 
 def test_settled_text_streams_only_what_cannot_change():
@@ -156,6 +161,35 @@ def test_unknown_documents_and_models_are_named(client, notes):
     assert "gpt-4o" in err.value.message and MODEL in err.value.message
     with pytest.raises(openai.BadRequestError, match="empty"):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "  "}])
+
+
+def test_short_ids_name_files_and_documents_as_in_the_cli(client, notes):
+    """The 12-character id the web page and `docqa list` show finds the document, as `docqa ask` does."""
+    short = notes.id[:12]
+    assert client.files.retrieve(short).id == notes.id
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": NEEDLE_Q}],
+                                           extra_body={"documents": [short]})
+    assert reply.model_extra["citations"][0]["document_id"] == notes.id
+    # Two documents of one name: the name is ambiguous, and the error says so.
+    for text in (b"Twin one. The gate code is 11-2233.", b"Twin two. The gate code is 44-5566."):
+        client.files.create(file=("twin.md", text), purpose="assistants")
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": NEEDLE_Q}],
+                                       extra_body={"documents": ["twin.md"]})
+    assert "several documents" in err.value.message and err.value.body["code"] == "ambiguous_document"
+
+
+def test_bytes_uploaded_again_under_another_name_are_found_by_it(client, service):
+    first = client.files.create(file=("truncated.md", b"# Ferry\n\nThe ferry leaves at nine."), purpose="assistants")
+    again = client.files.create(file=("bzip2.md", b"# Ferry\n\nThe ferry leaves at nine."), purpose="assistants")
+    assert again.id == first.id and again.filename == "truncated.md" and again.model_extra["added"] is False
+    question = [{"role": "user", "content": "When does the ferry leave?"}]
+    reply = client.chat.completions.create(model=MODEL, messages=question, extra_body={"documents": ["bzip2.md"]})
+    assert reply.model_extra["citations"][0]["document_id"] == first.id
+    assert again.model_extra["names"] == ["truncated.md", "bzip2.md"]  # the upload's answer says so
+    # Kept in the library's database: a new store over the same folder knows both names.
+    from storage import DocumentStore
+    assert DocumentStore(service.store.root).document_names()[first.id] == ["truncated.md", "bzip2.md"]
 
 
 def test_bad_uploads_are_clear_errors(client):
@@ -213,10 +247,26 @@ def test_a_client_that_leaves_cancels_its_question(server, service, notes):
     with holding_the_model(service):
         with pytest.raises(httpx.ReadTimeout):  # no answer while the model is held: the client gives up
             httpx.post(server.url + "v1/chat/completions", json=body, timeout=1.5)
-        conversation = next(c for c in service.conversations() if c["title"] == question[:80])
         time.sleep(1.5)  # the server looks for a gone client every 0.5 s, the wait for the model every 0.25 s
     time.sleep(1.0)  # the model free: a question still waiting would take it now
-    assert service.messages(conversation["id"]) == []  # never answered
+    # Never answered: its conversation, which a first answer starts, does not exist.
+    assert question[:80] not in {c["title"] for c in service.conversations(origin=None)}
+
+
+def test_api_answers_are_not_the_web_pages_conversations(client, service, notes):
+    """An API call's answer is kept as an "api" conversation, not listed in the web page's; a
+    question never answered leaves no empty conversation behind."""
+    question = f"What is the special magic number for {uuid.uuid4().hex[:8]} mentioned in the provided text?"
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                   extra_body={"documents": [notes.id]})
+    assert question[:80] not in {c["title"] for c in service.conversations()}
+    assert question[:80] in {c["title"] for c in service.conversations(origin="api")}
+    before = service.conversations(origin=None)
+    stopped = threading.Event()
+    stopped.set()
+    with pytest.raises(QuestionStopped):
+        service.answer(f"{question} (cancelled)", [notes.id], cancel=stopped)
+    assert service.conversations(origin=None) == before
 
 
 def test_errors_have_openais_shape_and_no_traceback(server):

@@ -71,7 +71,8 @@ def test_migrations_apply_to_an_empty_database(tmp_path):
         db.table_names())
     assert [m.name for m in migrations.applied(db)] == ["m001_initial", "m002_jobs", "m003_collections",
                                                         "m004_kv_chunking", "m005_deletions", "m006_chunk_index",
-                                                        "m007_answer_details", "m008_job_counts"]
+                                                        "m007_answer_details", "m008_job_counts", "m009_document_names",
+                                                        "m010_conversation_origin"]
     assert db.journal_mode == "wal"
     assert next(db.query("PRAGMA foreign_keys"))["foreign_keys"] == 1
     again = connect(tmp_path / "x.sqlite")

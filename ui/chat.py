@@ -16,7 +16,7 @@ import threading
 import gradio as gr
 
 from app.errors import StorageError
-from app.service import AskResult, DocQA, QuestionStopped, ServiceBusy
+from app.service import AskEvent, AskResult, DocQA, QuestionStopped, ServiceBusy, may_yet_abstain
 from ui import inspect, viewer
 from ui.settings import SettingsInputs, to_params
 
@@ -58,9 +58,11 @@ def conversation_choices(service: DocQA) -> list[tuple[str, str]]:
 
 def answer_markdown(result: AskResult) -> str:
     """The answer as the chat shows it: text, warning, and its sources numbered as in the chips."""
-    text = html.escape(result.answer) or "(no answer)"
-    if result.warning:
-        text += f"\n\n**Warning:** {html.escape(result.warning)}"
+    text = html.escape(result.reply)
+    # A "not found" reply is the warning's first sentence: the rest of it is what is left to say.
+    warning = result.warning.removeprefix(result.reply).strip() if result.warning else ""
+    if warning:
+        text += f"\n\n**Warning:** {html.escape(warning)}"
     if result.citations:
         cites = "; ".join(f"[{i + 1}] {html.escape(c.document)}, p. {html.escape(c.pages)} ({c.score:.2f})"
                           for i, c in enumerate(result.citations))
@@ -78,6 +80,25 @@ def sources_html(result: AskResult | None, question: str = "") -> str:
         f' <span style="color:#777">({c.score:.2f})</span></button>' for i, c in enumerate(result.citations))
     about = f" of &ldquo;{html.escape(question[:80])}&rdquo;" if question else ""
     return f'<div style="margin:4px 0"><span style="color:#555">Sources{about}:</span> {chips}</div>'
+
+
+def sources_pending(question: str) -> str:
+    """The sources line while `question` is answered: none yet, not the previous answer's."""
+    return (f'<div style="margin:4px 0;color:#555">Sources of &ldquo;{html.escape(question[:80])}&rdquo;: '
+            'when the answer is given...</div>')
+
+
+READING = "*reading the chosen passages...*"
+
+
+def partial_markdown(event: AskEvent, abstain_answer: str | None) -> str:
+    """An answer being read, as the chat shows it: the partial answer as denoised so far, with what
+    is being done (checking it); a neutral note instead while it may still end as the model's
+    abstain answer, which is no answer to show before it is settled."""
+    if may_yet_abstain(event.partial, abstain_answer):
+        return READING
+    text = html.escape(event.partial)
+    return f"{text}\n\n*{html.escape(event.message)}...*" if event.message else text
 
 
 def history_of(service: DocQA, conversation_id: str | None) -> tuple[list[dict], list[AskResult], list[str]]:
@@ -139,22 +160,36 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
     viewer.wire(service, viewer_parts)
     running = RunningQuestions()
 
-    def answer(request: gr.Request, q, history, doc_ids, conv_id, *setting_values):
-        # `last` first goes to None: a question refused below adds no answer to the chat.
-        yield gr.update(), gr.update(), None, gr.update()
+    def refusal(q, doc_ids, setting_values) -> str | None:
+        """Why the question cannot be asked as it is (a sentence), or None."""
         if not q or not q.strip():
-            raise gr.Error("Type a question first.")
-        doc_ids = list(doc_ids or []) or [d.record.id for d in service.documents()]  # none chosen: the library
+            return "Type a question first."
         if not doc_ids:
-            raise gr.Error("Add a document in the Library tab first.")
-        params, chunk_size = to_params(service, *setting_values)
+            return "Add a document in the Library tab first."
         try:
-            q = service.check_question(q)
+            to_params(service, *setting_values)
+            service.check_question(q)
+        except gr.Error as exc:
+            return exc.message
         except ValueError as exc:
-            raise gr.Error(str(exc)) from None
+            return str(exc)
+        return None
+
+    def answer(request: gr.Request, q, history, doc_ids, conv_id, *setting_values):
+        doc_ids = list(doc_ids or []) or [d.record.id for d in service.documents()]  # none chosen: the library
+        if (why := refusal(q, doc_ids, setting_values)) is not None:
+            # A note, not gr.Error: an error would mark every output of the event as failed and
+            # blank the conversation. `last` goes to None: nothing joins the chat.
+            gr.Warning(why)
+            yield gr.update(), gr.update(), None, gr.update(), gr.update()
+            return
+        params, chunk_size = to_params(service, *setting_values)
+        q = service.check_question(q)
+        abstain = service.defaults.abstain_answer
         history = list(history or []) + [{"role": "user", "content": q},
                                          {"role": "assistant", "content": "selecting chunks..."}]
-        yield history, gr.update(), None, ""
+        # The previous answer's sources make way for this one's.
+        yield history, gr.update(), None, "", sources_pending(q)
         session = getattr(request, "session_hash", None) or ""
         cancel = running.start(session)
         failure = None
@@ -162,18 +197,14 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
             events = service.ask(q, list(doc_ids), params, conversation_id=conv_id or None, chunk_size=chunk_size,
                                  cancel=cancel)
             for event in events:
-                if event.kind == "step":
-                    history[-1] = {"role": "assistant", "content": html.escape(event.partial)}
-                    yield history, gr.update(), None, ""
-                elif event.kind == "status" and event.partial:  # the answer settled, now checked
-                    history[-1] = {"role": "assistant",
-                                   "content": f"{html.escape(event.partial)}\n\n*{html.escape(event.message)}...*"}
-                    yield history, gr.update(), None, ""
+                if event.kind in ("step", "status") and event.partial:
+                    history[-1] = {"role": "assistant", "content": partial_markdown(event, abstain)}
+                    yield history, gr.update(), None, "", gr.update()
                 elif event.kind == "done":
                     r = event.result
                     history[-1] = {"role": "assistant", "content": answer_markdown(r)}
                     yield (history, gr.update(choices=conversation_choices(service), value=r.conversation_id or None),
-                           r, "")
+                           r, "", gr.update())
         except (ValueError, QuestionStopped, ServiceBusy, StorageError) as exc:
             failure = str(exc)
         except Exception as exc:  # a sentence in the page; the traceback goes to the server log only
@@ -184,10 +215,11 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
             cancel.set()
             running.finish(session, cancel)
         if failure is not None:
-            # The chat says why in place of the answer (the question stays in the box, to ask again).
+            # The chat says why in place of the answer (the question stays in the box, to ask again);
+            # a note too, not gr.Error, which would mark every output as failed.
             history[-1] = {"role": "assistant", "content": f"**Not answered:** {html.escape(failure)}"}
-            yield history, gr.update(), FAILED, q
-            raise gr.Error(failure)
+            yield history, gr.update(), FAILED, q, ""
+            gr.Warning(failure)
 
     last = gr.State(None)  # the answer just given, until it joins `answers`
 
@@ -211,7 +243,7 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
         return (results, *show_answer(results, len(results) - 1, history))
 
     inputs = [question, chatbot, documents, conversation, *settings.components()]
-    outputs = [chatbot, conversation, last, question]
+    outputs = [chatbot, conversation, last, question, sources]
     # The answer's sources, Inspect view and first source follow once it is given (`last`).
     for trigger, extra in ((ask.click, {"api_name": "ask", "concurrency_limit": 1}),
                            (question.submit, {"api_visibility": "private"})):

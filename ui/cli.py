@@ -208,32 +208,6 @@ def _service(args: argparse.Namespace, **kw):
                                **kw, **{k: v for k, v in limits.items() if v is not None}))
 
 
-MIN_ID_PREFIX = 6  # shorter id prefixes are too easily typed by mistake (and "" matched every id)
-
-
-def _resolve(service, names: list[str], include_failed: bool = False) -> list[str]:
-    docs = service.documents(include_failed=include_failed)
-    collections = service.collections()
-    out = []
-    for name in names:
-        name = name.strip()
-        if not name:
-            raise ValueError("a document name or id is empty (see docqa list)")
-        if name.startswith("@"):
-            if name[1:] not in collections:
-                raise ValueError(f"no collection named {name[1:]!r} (see docqa collection)")
-            out += collections[name[1:]]
-            continue
-        hits = [d.record.id for d in docs if d.record.id == name or d.record.name == name
-                or (len(name) >= MIN_ID_PREFIX and d.record.id.startswith(name))]
-        if not hits:
-            raise ValueError(f"no stored document named {name!r} (see docqa list)")
-        if len(hits) > 1:
-            raise ValueError(f"{name!r} matches several documents; use the id from docqa list")
-        out.append(hits[0])
-    return out
-
-
 def _cmd_ingest(args: argparse.Namespace) -> int:
     from app.errors import IngestError, StorageError
 
@@ -263,15 +237,15 @@ def _cmd_ask(args: argparse.Namespace) -> int:
         raise ValueError("give one or more documents, then the question")
     service = _service(args)
     *names, question = args.documents
-    ids = _resolve(service, names)
-    for event in service.ask(question, ids):
+    ids = service.resolve_documents(names, listing="docqa list")
+    for event in service.ask(question, ids, origin="cli"):
         if event.kind == "step" and sys.stderr.isatty():
             print(f"\r{event.partial[:100]:<100}", end="", file=sys.stderr, flush=True)
         elif event.kind == "done":
             if sys.stderr.isatty():
                 print("\r" + " " * 100 + "\r", end="", file=sys.stderr)
             r = event.result
-            print(r.answer)
+            print(r.reply)
             if r.warning:
                 print(f"warning: {r.warning}", file=sys.stderr)
             for c in r.citations:
@@ -298,7 +272,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _cmd_rm(args: argparse.Namespace) -> int:
     service = _service(args)
-    for doc_id in _resolve(service, args.documents, include_failed=True):
+    for doc_id in service.resolve_documents(args.documents, include_failed=True, listing="docqa list"):
         service.delete(doc_id)
         print(f"deleted {doc_id[:12]}")
     return EXIT_OK
@@ -340,7 +314,7 @@ def _cmd_collection(args: argparse.Namespace) -> int:
         print(f"deleted collection {args.name}" if service.delete_collection(args.name)
               else f"no collection named {args.name}")
         return EXIT_OK
-    ids = _resolve(service, args.documents)
+    ids = service.resolve_documents(args.documents, listing="docqa list")
     service.save_collection(args.name, ids)
     print(f"collection {args.name}: {len(ids)} document(s); ask it with: docqa ask @{args.name} \"question\"")
     return EXIT_OK

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import logging
+import time
 from pathlib import Path
 
 import gradio as gr
@@ -131,7 +132,11 @@ def build(service: DocQA):
             service.discard_upload_file(path)
 
     def ingest(paths, pw):
-        lines = [ingest_one(path, pw) for path in paths or []]
+        began = time.time()
+        try:
+            lines = [ingest_one(path, pw) for path in paths or []]
+        finally:  # the empty files Gradio left for this event's uploads (made before it began)
+            service.discard_upload_debris(before=began)
         return ("\n".join(lines) or "Choose files first.", None, *lists())
 
     def remove(doc_id):

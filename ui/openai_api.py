@@ -5,9 +5,10 @@ port). It speaks the part of OpenAI's API that a document-QA service can honour:
 
 - `GET /v1/models`, `GET /v1/models/{id}`: the one model the service runs.
 - `POST /v1/chat/completions`: the last user message is the question. The extension field
-  `documents` (ids, names or "@collection" names) says what to read; without it, every ready
+  `documents` (ids, id prefixes, names or "@collection" names) says what to read; without it, every ready
   document. Earlier messages are not read: each answer comes from the documents alone. Answers
   carry the extension fields `citations` and `warning`; `stream: true` streams server-sent events.
+  An answer the documents do not give says so in its content (app.service.NOT_FOUND_ANSWER).
 - `POST /v1/files`, `GET /v1/files`, `GET /v1/files/{id}`, `DELETE /v1/files/{id}`: the library;
   a file's id is its document id.
 
@@ -42,7 +43,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from app.errors import IngestError, QuestionStopped, ServiceBusy, StorageError
-from app.service import MASK_GLYPH, AskEvent, AskResult, DocQA, DocumentInfo
+from app.service import MASK_GLYPH, AskEvent, AskResult, DocQA, DocumentInfo, DocumentNotFound, may_yet_abstain
 
 if TYPE_CHECKING:
     from app.service import AnswerParams  # what DocQA.params returns
@@ -169,11 +170,14 @@ def question_of(messages: list[Message]) -> str:
     raise ApiError(400, "no user message: the last message with role 'user' is the question", param="messages")
 
 
+FILES_LISTING = "GET /v1/files"  # where a client finds the documents' ids and names
+
+
 def resolve_documents(service: DocQA, names: list[str] | None) -> list[str]:
-    """Document ids for the request's `documents`: ids, names or "@collection" names; every ready
-    document when it is absent."""
-    docs = service.documents()
+    """Document ids for the request's `documents`, by the rule the CLI uses (DocQA.resolve_documents):
+    ids, id prefixes, names or "@collection" names; every ready document when it is absent."""
     if names is None:
+        docs = service.documents()
         if not docs:
             raise ApiError(400, "the library has no documents: upload one with POST /v1/files", param="documents",
                            code="no_documents")
@@ -181,24 +185,10 @@ def resolve_documents(service: DocQA, names: list[str] | None) -> list[str]:
     if not names:
         raise ApiError(400, "`documents` is empty: give document ids, names or @collection names, or leave it "
                             "out to read every document", param="documents")
-    collections = service.collections()
-    ids: list[str] = []
-    for name in names:
-        if name.startswith("@"):
-            if name[1:] not in collections:
-                raise ApiError(400, f"no collection named {name[1:]!r}", param="documents",
-                               code="collection_not_found")
-            ids += collections[name[1:]]
-            continue
-        hits = {d.record.id for d in docs if name in (d.record.id, d.record.name)}
-        if not hits:
-            raise ApiError(400, f"no document {name!r} in the library (GET /v1/files lists them)",
-                           param="documents", code="document_not_found")
-        if len(hits) > 1:
-            raise ApiError(400, f"{name!r} names several documents; give the id of the one to read",
-                           param="documents", code="ambiguous_document")
-        ids.append(hits.pop())
-    return list(dict.fromkeys(ids))
+    try:
+        return service.resolve_documents(names, listing=FILES_LISTING)
+    except DocumentNotFound as exc:
+        raise ApiError(400, str(exc), param="documents", code=exc.code) from None
 
 
 # ---- answers ---------------------------------------------------------------------------------------
@@ -208,12 +198,10 @@ def settled_text(partial: str, abstain_answer: str | None) -> str:
     streamed: the text before the first still-masked slot. Diffusion fills slots in any order, so
     only that prefix is final. Held back as well: what the final answer (stripped) may lose, namely
     blanks at either end and a half-decoded character; and an answer on its way to the model's
-    abstain answer ("not found"), which the service turns into an empty answer with a warning."""
+    abstain answer ("not found"), which the reply words as a sentence of its own (AskResult.reply)."""
     text = partial.split(MASK_GLYPH, 1)[0].lstrip()
     text = text.rstrip().rstrip(REPLACEMENT_CHAR).rstrip()
-    if abstain_answer is not None and abstain_answer.lower().startswith(text.lower().rstrip(".")):
-        return ""
-    return text
+    return "" if may_yet_abstain(text, abstain_answer) else text
 
 
 def estimated_tokens(text: str) -> int:
@@ -224,7 +212,7 @@ def usage(question: str, result: AskResult) -> dict[str, int]:
     """Estimated token counts: the prompt is the question and the chunks the model read (the
     citations are exactly the selected chunks); the completion is the answer."""
     prompt = estimated_tokens(question) + sum(estimated_tokens(c.text) for c in result.citations)
-    completion = estimated_tokens(result.answer)
+    completion = estimated_tokens(result.reply)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -266,7 +254,8 @@ class RunningQuestion:
         threading.Thread(target=self._work, name="openai-question", daemon=True).start()
 
     def _work(self) -> None:
-        events = self.service.ask(self.question, self.document_ids, self.params, cancel=self.cancel)
+        # origin "api": kept apart from the web page's conversations
+        events = self.service.ask(self.question, self.document_ids, self.params, cancel=self.cancel, origin="api")
         try:
             for event in events:
                 self._hand(event)
@@ -329,7 +318,7 @@ class Reply:
         extension = answer_extension(result)
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
-                             "message": {"role": "assistant", "content": result.answer, **extension}}],
+                             "message": {"role": "assistant", "content": result.reply, **extension}}],
                 "usage": usage(question, result), **extension}
 
     def chunk(self, delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> str:
@@ -365,11 +354,11 @@ async def stream_answer(question: RunningQuestion, first: AskEvent, reply: Reply
         yield sse(err.body())
         return
     result = event.result
-    if result.answer.startswith(sent):
-        if rest := result.answer[len(sent):]:
+    if result.reply.startswith(sent):
+        if rest := result.reply[len(sent):]:
             yield reply.chunk({"content": rest})
     else:  # settled_text's rules missed a case: what was sent cannot be taken back
-        logger.warning("streamed %r, which the final answer %r does not start with", sent, result.answer)
+        logger.warning("streamed %r, which the final answer %r does not start with", sent, result.reply)
     yield reply.chunk({}, "stop", **answer_extension(result))
     if include_usage:
         yield reply.usage_chunk(question.question, result)
@@ -412,10 +401,15 @@ def file_object(info: DocumentInfo) -> dict[str, Any]:
 
 
 def find_file(service: DocQA, file_id: str) -> DocumentInfo:
-    for info in service.documents(include_failed=True):
-        if info.record.id == file_id:
-            return info
-    raise ApiError(404, f"no file {file_id!r} (GET /v1/files lists them)", param="file_id", code="file_not_found")
+    """The file `file_id` names: its id or an id prefix (as the web page and `docqa list` show it)."""
+    try:
+        found = service.resolve_documents([file_id], include_failed=True, listing=FILES_LISTING)
+    except DocumentNotFound as exc:
+        if exc.code == "ambiguous_document":
+            raise ApiError(400, str(exc), param="file_id", code=exc.code) from None
+        raise ApiError(404, f"no file {file_id!r} ({FILES_LISTING} lists them)", param="file_id",
+                       code="file_not_found") from None
+    return next(info for info in service.documents(include_failed=True) if info.record.id == found[0])
 
 
 # ---- the app ---------------------------------------------------------------------------------------
@@ -520,7 +514,9 @@ def create_api(service: DocQA) -> FastAPI:
                 info, added = await run_in_threadpool(service.ingest, data, upload.filename or "document")
         finally:
             await form.close()
-        return {**file_object(info), "added": added}
+        # extensions: whether the bytes were new, and every name that finds them (an upload of
+        # bytes already stored under another name is that document, now found by both names)
+        return {**file_object(info), "added": added, "names": service.names_of(info.record.id)}
 
     @api.get("/files")
     def list_files() -> dict[str, Any]:
@@ -539,9 +535,10 @@ def create_api(service: DocQA) -> FastAPI:
             raise ApiError(403, "the data folder is read-only: documents can be asked, not deleted",
                            code="read_only")
         with service_errors():
-            if not service.delete(file_id):
-                raise ApiError(404, f"no file {file_id!r} (GET /v1/files lists them)", param="file_id",
+            doc_id = find_file(service, file_id).record.id
+            if not service.delete(doc_id):  # deleted meanwhile by another request
+                raise ApiError(404, f"no file {file_id!r} ({FILES_LISTING} lists them)", param="file_id",
                                code="file_not_found")
-        return {"id": file_id, "object": "file", "deleted": True}
+        return {"id": doc_id, "object": "file", "deleted": True}
 
     return api

@@ -16,4 +16,10 @@ from storage import StorageError
 # A model folder that cannot be loaded: a missing or damaged file, a config or tokenizer it cannot read.
 MODEL_ERRORS: tuple[type[Exception], ...] = (CheckpointError, ConfigError, TokenizerError)
 
-__all__ = ["MODEL_ERRORS", "IngestError", "QuestionStopped", "ServiceBusy", "StorageError"]
+__all__ = ["MODEL_ERRORS", "IngestError", "QuestionStopped", "ServiceBusy", "StorageError", "without_name"]
+
+
+def without_name(message: str, name: str) -> str:
+    """Pure: an error message that opens with the file's name, for a line the name already heads:
+    "a.pdf is a binary file" -> "it is a binary file"."""
+    return "it" + message[len(name):] if message.startswith(name + " ") else message

@@ -12,6 +12,7 @@ stored for a file that fails.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -22,6 +23,8 @@ from pathlib import Path
 
 from app.pdf_text import normalize
 from storage import PageSpan
+
+logger = logging.getLogger(__name__)
 
 PAGE_SEPARATOR = "\n\n"
 
@@ -111,7 +114,9 @@ def extract_pdf(data: bytes, password: str | None = None, timeout_s: float = 300
         if proc.returncode == -9 or not timer.is_alive() and proc.returncode not in (0, None):
             raise IngestError("timeout", f"reading the PDF took longer than {timeout_s:.0f} s or crashed the reader")
         raise IngestError("corrupt", "the PDF reader stopped unexpectedly on this file")
-    if result[0] == "error":
+    if result[0] == "error":  # ["error", kind, what the reader is told, the parser's detail (optional)]
+        if len(result) > 3:
+            logger.info("PDF not read (%s): %s", result[1], result[3])
         raise IngestError(result[1], result[2])
     texts, labels, encrypted = result[1], result[2], result[3]
     if not texts:

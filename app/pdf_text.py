@@ -122,11 +122,13 @@ def _pdf_page_texts(data: bytes, password: str | None, emit: Callable[[list], No
             emit(["error", "needs_password", "the PDF is encrypted; give its password to open it"])
             return
         except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
-            emit(["error", "corrupt", f"the PDF is damaged or truncated and cannot be read ({exc})"])
+            # The parser's own words ("Stream has ended unexpectedly") go to the log, not the reader.
+            emit(["error", "corrupt", "the PDF is damaged or truncated and cannot be read",
+                  f"{type(exc).__name__}: {exc}"])
             return
         emit(["ok", texts, labels, encrypted])
     except Exception as exc:  # anything else in the parser: still a clear answer, never a crash
-        emit(["error", "corrupt", f"the PDF cannot be read ({type(exc).__name__}: {exc})"])
+        emit(["error", "corrupt", "the PDF cannot be read", f"{type(exc).__name__}: {exc}"])
 
 
 if __name__ == "__main__":  # PDF bytes on stdin, JSON lines on stdout

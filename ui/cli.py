@@ -209,7 +209,7 @@ def _service(args: argparse.Namespace, **kw):
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
-    from app.errors import IngestError, StorageError
+    from app.errors import IngestError, StorageError, without_name
 
     service = _service(args)
     failed = 0
@@ -225,7 +225,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
                   f"{info.record.page_count} pages, {info.tokens} tokens, {info.chunks} chunks")
         except (IngestError, StorageError) as exc:  # every file is tried and reported
             print(file=sys.stderr)
-            print(f"docqa: {path.name}: {exc}", file=sys.stderr)
+            print(f"docqa: {path.name}: {without_name(str(exc), path.name)}", file=sys.stderr)
             failed += 1
     if failed and len(args.files) > 1:
         print(f"docqa: {failed} of {len(args.files)} files not added", file=sys.stderr)

@@ -14,7 +14,7 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from app.errors import IngestError, StorageError
+from app.errors import IngestError, StorageError, without_name
 from app.jobs import JobProgress, describe
 from app.service import DocQA
 
@@ -123,8 +123,8 @@ def build(service: DocQA):
             return (f"- **{info.record.name}**: {'added' if added else 'already in the library'} "
                     f"({info.record.page_count} pages, {info.chunks} chunks)")
         except (IngestError, StorageError, ValueError, OSError) as exc:
-            gr.Warning(f"{name}: {exc}")
-            return f"- **{name}**: not added: {exc}"
+            gr.Warning(f"{name}: {without_name(str(exc), name)}")
+            return f"- **{name}**: not added: {without_name(str(exc), name)}"
         except Exception as exc:  # noqa: BLE001 - one file's failure must not hide the others'
             logger.exception("ingest of %s failed", name)
             return f"- **{name}**: not added: an internal error ({type(exc).__name__}); see the server log"
@@ -137,7 +137,8 @@ def build(service: DocQA):
             lines = [ingest_one(path, pw) for path in paths or []]
         finally:  # the empty files Gradio left for this event's uploads (made before it began)
             service.discard_upload_debris(before=began)
-        return ("\n".join(lines) or "Choose files first.", None, *lists())
+        nothing = "No file to add: choose PDF, text or Markdown files (other types are refused on upload)."
+        return ("\n".join(lines) or nothing, None, *lists())
 
     def remove(doc_id):
         if doc_id:

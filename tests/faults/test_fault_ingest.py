@@ -157,10 +157,11 @@ def test_several_files_each_reported(tmp_path):
     res = run("ingest", *(str(tmp_path / n) for n in files), "--data-dir", str(tmp_path / "d"), "--device", "cpu")
     no_traceback(res)
     assert res.returncode == 1 and "added: good.txt" in res.stdout
-    for line in ("cut.pdf: the PDF is damaged", "empty.md: empty.md is empty", "blob.txt: blob.txt is a binary file",
-                 "latin.txt: latin.txt is neither a PDF nor UTF-8 text", "scan.pdf: the PDF has no text layer",
+    for line in ("cut.pdf: the PDF is damaged", "empty.md: it is empty", "blob.txt: it is a binary file",
+                 "latin.txt: it is neither a PDF nor UTF-8 text", "scan.pdf: the PDF has no text layer",
                  "5 of 6 files not added"):
         assert line in res.stderr, res.stderr
+    assert "cannot be read (" not in res.stderr  # the parser's own words go to the log only
     listing = run("list", "--data-dir", str(tmp_path / "d"), "--device", "cpu").stdout
     assert [line.split()[1] for line in listing.splitlines()] == ["good.txt"]  # nothing else half-stored
 

@@ -535,6 +535,14 @@ def test_sentence_questions_are_answered_by_a_span_of_their_sentence():
                                                            "What can I use to list the stored keys?"),
         "Valgrind is an instrumentation framework for building dynamic analysis tools.": (
             "is_a", "an instrumentation framework", "What is Valgrind?"),
+        "-b, --benchmark perform a benchmark on decoding": ("option_does", "-b, --benchmark",
+                                                             "Which option performs a benchmark on decoding?"),
+        "--enable-fat Includes multiple versions of certain functions.": (
+            "option_does", "--enable-fat", "Which option includes multiple versions of certain functions?"),
+        "-e PATTERNS, --regexp=PATTERNS Use PATTERNS as the patterns.": (
+            "option_does", "-e PATTERNS, --regexp=PATTERNS", "Which option uses PATTERNS as the patterns?"),
+        "-C, --ignore-case Specifies that case is ignored.": (
+            "option_does", "-C, --ignore-case", "Which option specifies that case is ignored?"),
     }
     for sentence, (rule, answer, question) in cases.items():
         (q,) = questions_for(sentence)
@@ -551,6 +559,13 @@ def test_sentence_questions_are_answered_by_a_span_of_their_sentence():
                    "The key needs to be quoted.", "Use --tls-max if you want to cap the TLS version.",
                    "Use -o to name the output file if you want."):
         assert questions_for(clause) == [], clause
+    for not_an_action in ("--random-file <file> Deprecated option", "-f FILE FILE exists and is a regular file",
+                          "-s Silent mode", "-a, --all do not ignore entries starting with ."):  # no verb; cut short
+        assert questions_for(not_an_action) == [], not_an_action
+    assert questions_for("-n, --dry-run does nothing")[0].questions[1] == "What option do I use to do nothing?"
+    assert questions_for("-v, --verbose be verbose")[0].questions[0] == "Which option is verbose?"
+    assert questions_for("-V show the version and exit")[0].questions[:2] == (
+        "Which option shows the version and exits?", "What option do I use to show the version and exit?")
     assert all(len(TRAINING_WORDINGS[r.name]) == len(r.wordings) - 1 >= 2 for r in RULES)
 
 

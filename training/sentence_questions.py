@@ -12,6 +12,7 @@ Pure functions of their input: no state, no randomness.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # A subject: a few words, no sentence punctuation; a value: a short span without a clause break.
@@ -29,11 +30,77 @@ _TAIL = r"(?:[,;] .*| (?:if|unless|when|but|and|or|for|in|on) .*)?"
 class Rule:
     name: str
     pattern: re.Pattern
-    wordings: tuple[str, ...]  # str.format templates over the pattern's named groups
+    wordings: tuple[str, ...]  # str.format templates over the pattern's named groups and `derive`'s
+    # More template fields from the matched groups, or None where the match asks nothing.
+    derive: Callable[[dict[str, str]], dict[str, str] | None] | None = None
 
 
-def _rule(name: str, pattern: str, *wordings: str) -> Rule:
-    return Rule(name, re.compile(pattern), wordings)
+def _rule(name: str, pattern: str, *wordings: str,
+          derive: Callable[[dict[str, str]], dict[str, str] | None] | None = None) -> Rule:
+    return Rule(name, re.compile(pattern), wordings, derive)
+
+
+# An option of a manual's option list, with its argument if any: "-b", "--block-size=SIZE",
+# "-e PATTERNS", "--output <file>", "--color[=WHEN]".
+_OPTION = r"-{1,2}[A-Za-z0-9?][\w-]*(?:=\S+|\[=[^\]]+\]| <[^>]+>| [A-Z][A-Z_]+\b)?"
+# Verbs an option's description opens with ("Print the version", "Prints the version", "do not
+# ignore entries"): a description that opens otherwise ("Deprecated option", "Same as -k", "FILE
+# exists") tells no action to ask about.
+_OPTION_VERBS = frozenset("""
+    abort accept add allow append apply ask assume attempt avoid be build call cause change check
+    choose clear collect compare compile compress configure connect consider continue convert copy
+    count create decode decompress decrease define delete dereference describe detach determine
+    disable display do don't download drop dump edit emit enable encode exclude execute exit expand
+    explain extract fail fetch filter find flush follow force format generate give group handle hide
+    ignore include increase indent indicate inhibit initialize insert install interpret keep kill
+    leave limit link list load lock log make mark match merge mount move name notify omit open
+    output override overwrite pad parse pass pause perform place prefer prefix prepend preserve
+    prevent print process produce prompt provide prune put query quit quote raise read rebuild
+    receive recognize recover recurse redirect reduce refuse register reject reload remove rename
+    repeat replace report request require reset resolve restore restrict resume retain retry return
+    reverse rotate run save scale scan search select send set show sign silence skip sort specify
+    split start stop store strip substitute suppress switch sync take tell test trace translate
+    treat trust truncate turn unlink unpack unset update upload use validate verify wait warn wipe
+    wrap write
+""".split())
+
+
+# A description cut before its object ("ignore entries starting with .") ends in one of these.
+_DANGLING = frozenset("a an the to of with for in on by from and or as at into than".split())
+
+
+def _base_form(verb: str) -> str:
+    """"prints" -> "print", "specifies" -> "specify", "does" -> "do"; a base form is returned as is."""
+    if verb in _OPTION_VERBS:
+        return verb
+    for third, base in (("doesn't", "don't"), ("does", "do"), ("ies", "y"), ("sses", "ss"), ("shes", "sh"),
+                        ("ches", "ch"), ("xes", "x"), ("s", "")):
+        if verb.endswith(third):
+            return verb[: len(verb) - len(third)] + base
+    return verb
+
+
+def _third_person(verb: str) -> str:
+    """"print" -> "prints", "specify" -> "specifies", "do" -> "does", "don't" -> "doesn't"."""
+    if verb in ("be", "do", "don't"):
+        return {"be": "is", "do": "does", "don't": "doesn't"}[verb]
+    if verb.endswith(("s", "sh", "ch", "x", "z")):
+        return verb + "es"
+    if verb.endswith("y") and verb[-2:-1] not in "aeiou":
+        return verb[:-1] + "ies"
+    return verb + "s"
+
+
+def _option_action(groups: dict[str, str]) -> dict[str, str] | None:
+    """An option description's action in the base form ("print the author") and the third person
+    ("prints the author"), or None where it does not open with a known verb."""
+    first, _, rest = groups["x"].strip().partition(" ")
+    base = _base_form(first.lower())
+    if base not in _OPTION_VERBS or not rest or rest.split()[-1].lower() in _DANGLING:
+        return None
+    # "print the version and exit": the idiom's second verb agrees too ("prints ... and exits").
+    third_rest = rest[: -len(" and exit")] + " and exits" if rest.endswith(" and exit") else rest
+    return {"do": f"{base} {rest}", "does": f"{_third_person(base)} {third_rest}"}
 
 
 RULES: tuple[Rule, ...] = (
@@ -72,6 +139,11 @@ RULES: tuple[Rule, ...] = (
           "What can I use to {x}?", "How do I {x}?", "Which thing lets you {x}?"),
     _rule("to_use", rf"^To (?P<x>{_ACTION}), (?:use|run|type|call|set|pass|add|specify) (?P<y>{_VALUE})\.$",
           "What can I use to {x}?", "How do I {x}?", "Which thing lets you {x}?"),
+    # A manual's option list: "-a, --all do not ignore entries starting with ." The answer is the
+    # whole list of the option's names, so either name a user knows reads as right.
+    _rule("option_does", rf"^(?P<y>{_OPTION}(?:, {_OPTION}){{0,2}}) (?P<x>[A-Za-z][\w'-]*(?: [^\s.;:()]+){{1,14}})\.?$",
+          "Which option {does}?", "What option do I use to {do}?", "Is there a flag to {do}?",
+          derive=_option_action),
     _rule("is_a", rf"^(?P<x>{_PROPER}) is (?P<y>an? (?!(?:lot|bit|few|little|number|part|way|acronym|abbreviation)\b)"
                   rf"[^.,;:() ]+ [^.,;:()]{{2,50}}?)(?: (?:that|which|who|used|for|to|in|on|with|from|and|or)\b.*)?\.$",
           "What is {x}?", "What kind of thing is {x}?", "Can you describe what {x} is?"),
@@ -110,6 +182,8 @@ _NOT_A_NAME_START = {"before", "after", "on", "in", "when", "by", "for", "with",
 def _asks_something(rule: str, subject: str, answer: str) -> bool:
     """Whether a match makes a question a reader of its sentence can answer (see the word sets)."""
     words, answer_words = subject.lower().split(), answer.lower().split()
+    if rule == "option_does":  # the "subject" is the option's description, checked by its rule
+        return bool(words and answer_words)
     if not words or not answer_words or words[0] in _NOT_A_SUBJECT_START:
         return False
     if set(words[1:]) & _NOT_IN_A_SUBJECT or set(answer_words) & _NOT_IN_AN_ANSWER:
@@ -137,5 +211,10 @@ def questions_for(sentence: str) -> list[SentenceQuestion]:
         groups = {k: (_subject(v.strip()) if k == "x" else v) for k, v in m.groupdict().items() if v}
         if not answer or answer not in sentence or not _asks_something(rule.name, m.group("x"), answer):
             continue
+        if rule.derive is not None:
+            derived = rule.derive(groups)
+            if derived is None:
+                continue
+            groups |= derived
         out.append(SentenceQuestion(rule.name, sentence, answer, tuple(w.format(**groups) for w in rule.wordings)))
     return out

@@ -464,7 +464,7 @@ def test_cli_ingest_ask_list_rm(tmp_path):
     bad = tmp_path / "photo.pdf"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
     res = cli("ingest", str(bad))
-    assert res.returncode == 1 and "photo.pdf is a PNG image" in res.stderr and "Traceback" not in res.stderr
+    assert res.returncode == 1 and "photo.pdf: it is a PNG image" in res.stderr and "Traceback" not in res.stderr
     res = cli("ask", "nothing.pdf", "What?")
     assert res.returncode == 2 and "no stored document named 'nothing.pdf'" in res.stderr
     assert cli("rm", "cli-notes.pdf").returncode == 0

@@ -88,6 +88,12 @@ def sources_pending(question: str) -> str:
             'when the answer is given...</div>')
 
 
+def refusal_note(why: str) -> str:
+    """Why a question was not asked, in the line under the chat (beside the toast): the page shows
+    it in place, and a client of the page's API gets it among the outputs."""
+    return f'<div style="margin:4px 0;color:#a00">Not asked: {html.escape(why)}</div>'
+
+
 READING = "*reading the chosen passages...*"
 
 
@@ -181,7 +187,7 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
             # A note, not gr.Error: an error would mark every output of the event as failed and
             # blank the conversation. `last` goes to None: nothing joins the chat.
             gr.Warning(why)
-            yield gr.update(), gr.update(), None, gr.update(), gr.update()
+            yield gr.update(), gr.update(), None, gr.update(), refusal_note(why)
             return
         params, chunk_size = to_params(service, *setting_values)
         q = service.check_question(q)

@@ -166,31 +166,31 @@ def wire(service: DocQA, parts, documents, settings: SettingsInputs, inspect_par
     viewer.wire(service, viewer_parts)
     running = RunningQuestions()
 
-    def refusal(q, doc_ids, setting_values) -> str | None:
-        """Why the question cannot be asked as it is (a sentence), or None."""
+    def checked(q, doc_ids, setting_values):
+        """(question, params, chunk_size) as they will be asked, or the sentence saying why the
+        question cannot be asked as it is."""
         if not q or not q.strip():
             return "Type a question first."
         if not doc_ids:
             return "Add a document in the Library tab first."
         try:
-            to_params(service, *setting_values)
-            service.check_question(q)
+            params, chunk_size = to_params(service, *setting_values)
+            return service.check_question(q), params, chunk_size
         except gr.Error as exc:
             return exc.message
         except ValueError as exc:
             return str(exc)
-        return None
 
     def answer(request: gr.Request, q, history, doc_ids, conv_id, *setting_values):
         doc_ids = list(doc_ids or []) or [d.record.id for d in service.documents()]  # none chosen: the library
-        if (why := refusal(q, doc_ids, setting_values)) is not None:
+        asked = checked(q, doc_ids, setting_values)
+        if isinstance(asked, str):
             # A note, not gr.Error: an error would mark every output of the event as failed and
             # blank the conversation. `last` goes to None: nothing joins the chat.
-            gr.Warning(why)
-            yield gr.update(), gr.update(), None, gr.update(), refusal_note(why)
+            gr.Warning(asked)
+            yield gr.update(), gr.update(), None, gr.update(), refusal_note(asked)
             return
-        params, chunk_size = to_params(service, *setting_values)
-        q = service.check_question(q)
+        q, params, chunk_size = asked
         abstain = service.defaults.abstain_answer
         history = list(history or []) + [{"role": "user", "content": q},
                                          {"role": "assistant", "content": "selecting chunks..."}]

@@ -109,16 +109,36 @@ def test_a_run_through_the_app_scores_and_reports(tmp_path):
     assert [r.kind for r in rows] == ["number", "no_answer"]
     found = rows[0]
     assert found.right and "4729135" in found.shown and found.page_cited and found.page_candidate
+    assert found.passage_alone_right and "4729135" in found.passage_alone  # its passage, read alone
     assert rows[1].page_cited is None and rows[1].right == rows[1].not_found
+    assert rows[1].passage_alone is None and rows[1].passage_alone_right is None
     written = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert [w["question"] for w in written] == [q.question for q in asked]
     summary = (tmp_path / "out" / "summary.md").read_text()
-    assert "Held-out sources" in summary and "| report | 1 | 100% (1/1) | 0% (0/1) | 100% (1/1) (100%) |" in summary
+    assert "Held-out sources" in summary
+    assert "| report | 1 | 100% (1/1) | 0% (0/1) | 100% (1/1) (100%) | 100% (1/1) | 100% (1/1) |" in summary
     assert not list(tmp_path.glob("docqa-eval-pdfs-*"))  # the temporary library is removed
     assert found.cited_pages == ["2"]  # the model's margin rule keeps the one chunk that explains the question
     (wide, _) = pq.evaluate(BUNDLED_MODEL, tmp_path / "out-wide", questions, device="cpu", sources=sources,
                             progress=lambda line: None, overrides={"score_margin": 0, "coverage_gain": 0})
     assert wide.right and len(wide.cited_pages) == 4  # changed defaults reach the answer: the top 4, rules off
+
+
+def test_the_passage_holding_an_answer_is_on_its_page_and_holds_it_whole():
+    """`passage_holding` takes the chunk on the answer's page that holds an accepted answer as whole
+    words; none when the answer is cut between two chunks."""
+    from storage.store import ChunkRecord
+
+    def chunk(ordinal, pages, text):
+        return ChunkRecord(ordinal, 0, 0, 0, 0, pages[0], pages[1], text)
+
+    q = pq.PdfQuestion("report", "What is the default port?", ["8080"], 3, "number", "")
+    chunks = [chunk(0, (0, 1), "The default port is 8080."),  # the answer, on another page
+              chunk(1, (2, 2), "Ports above 80800 are refused."),  # on its page, not as a whole word
+              chunk(2, (1, 2), "Set it to 8080 to keep the default."),
+              chunk(3, (2, 3), "The default port is 8080.")]
+    assert pq.passage_holding(q, chunks) == "Set it to 8080 to keep the default."
+    assert pq.passage_holding(q, chunks[:2]) is None
 
 
 def test_a_missing_pdf_names_its_package(tmp_path):

@@ -188,6 +188,10 @@ class PdfAnswerRow:
     cited_pages: list[str] = field(default_factory=list)  # the cited passages' page labels, as shown
     page_cited_first: bool | None = None  # the passage cited first is such a passage
     ungrounded: bool = False  # shown with the app's "may not come from the documents" warning
+    # The model reading only the passage holding the answer (`read_passage_alone`): reading without
+    # selection. None: a no-answer question, or no single chunk holds an accepted answer.
+    passage_alone: str | None = None
+    passage_alone_right: bool | None = None
 
 
 def _page_within(page_index: int, spans: Iterable[tuple[int, int]]) -> bool:
@@ -200,6 +204,27 @@ def _holding_passage(q: PdfQuestion, citations) -> bool:
     return any(c.page_start <= q.page - 1 <= c.page_end and holds_answer(c.text, q.answers) for c in citations)
 
 
+def passage_holding(q: PdfQuestion, chunks) -> str | None:
+    """The text of the first chunk (storage.store.ChunkRecord) on the answer's page that holds an
+    accepted answer; None when no single chunk does (an answer cut between two)."""
+    return next((c.text for c in chunks
+                 if c.page_start <= q.page - 1 <= c.page_end and holds_answer(c.text, q.answers)), None)
+
+
+def read_passage_alone(service, question: str, passage: str, params=None) -> str:
+    """The model's answer over `passage` alone (the app's prefill of it as a document of its own,
+    every chunk of it chosen), with `params` (default: the service's): what the model reads when
+    selection is perfect, so a wrong answer here is the reader's, not the retrieval's."""
+    from dataclasses import replace
+
+    from app.kv_service import prefill_text
+
+    with service.scheduler.turn():  # the model between two of the scheduler's steps
+        doc, _ = prefill_text(service.engine, passage, service.defaults.chunk_size)
+        params = replace(params or service.params(), top_k=doc.num_chunks, auto_k=False)
+        return service.engine.answer(doc, question, params).text
+
+
 def ask_all(service, questions: list[PdfQuestion], pdfs: dict[str, bytes], sources: dict[str, PdfSource] = SOURCES,
             progress: Callable[[str], None] = print, overrides: dict | None = None) -> list[PdfAnswerRow]:
     """Ingests every source's PDF (`pdfs`, by source) into `service` (an app.service.DocQA), then asks the questions,
@@ -209,11 +234,13 @@ def ask_all(service, questions: list[PdfQuestion], pdfs: dict[str, bytes], sourc
     from app.service import UNGROUNDED_WARNING
 
     params = service.params(**overrides) if overrides else None
-    ids = {}
+    ids, chunks = {}, {}
     for name in dict.fromkeys(q.source for q in questions):
         start = time.perf_counter()
         info, _ = service.ingest(pdfs[name], f"{name}.pdf")
         ids[name] = info.record.id
+        chunks[name] = [c for cache in service.store.caches_of(info.record.id) if cache.status == "ready"
+                        for c in service.store.chunks(cache.id)]
         progress(f"{name}: {info.record.page_count} pages, {info.tokens} tokens, {info.chunks} chunks "
                  f"({time.perf_counter() - start:.1f} s)")
     rows = []
@@ -230,17 +257,22 @@ def ask_all(service, questions: list[PdfQuestion], pdfs: dict[str, bytes], sourc
         not_found = not res.answer.strip()
         ungrounded = res.warning == UNGROUNDED_WARNING
         right = holds_answer(res.answer, q.answers) and not ungrounded if q.answerable else not_found
-        holding = candidate = first = None
+        holding = candidate = first = alone = alone_right = None
         if q.answerable:
             holding, first = _holding_passage(q, res.citations), _holding_passage(q, res.citations[:1])
             candidate = _page_within(q.page - 1, ((s["page_start"], s["page_end"]) for s in res.scores))
+            passage = passage_holding(q, chunks[q.source])
+            if passage is not None:
+                alone = read_passage_alone(service, q.question, passage, params)
+                alone_right = holds_answer(alone, q.answers)
         rows.append(PdfAnswerRow(q.source, held_out, q.kind, q.question, q.answers, q.page, res.answer,
                                  res.warning, right, not_found, holding, candidate, seconds,
                                  cited_pages=[c.pages for c in res.citations], page_cited_first=first,
-                                 ungrounded=ungrounded))
+                                 ungrounded=ungrounded, passage_alone=alone, passage_alone_right=alone_right))
         progress(f"  {'right' if right else 'WRONG'} {q.source}: {q.question!r} -> {res.answer[:50]!r} "
                  f"(expected {q.answers[:2] if q.answerable else 'not found'}; its passage "
-                 f"{'cited' if holding else 'not cited' if holding is not None else '-'}; {seconds:.1f} s)")
+                 f"{'cited' if holding else 'not cited' if holding is not None else '-'}; {seconds:.1f} s"
+                 + (f"; its passage alone -> {alone[:40]!r}" if alone is not None else "") + ")")
     return rows
 
 
@@ -264,14 +296,15 @@ def summarize(rows: list[PdfAnswerRow]) -> str:
         answerable = [r for r in group if r.kind != NO_ANSWER]
         out += [f"### {title}", "",
                 "| source | questions | right | shown \"not found\" | a passage holding it cited (first) | "
-                "its page among scored |",
-                "|---|---|---|---|---|---|"]
+                "its page among scored | right reading its passage alone |",
+                "|---|---|---|---|---|---|---|"]
         for name in [*dict.fromkeys(r.source for r in answerable), "all"]:
             part = answerable if name == "all" else [r for r in answerable if r.source == name]
             out.append(f"| {'**all**' if name == 'all' else name} | {len(part)} | {_share(part, lambda r: r.right)} | "
                        f"{_share(part, lambda r: r.not_found)} | {_share(part, lambda r: r.page_cited)} "
                        f"({_percent(part, lambda r: r.page_cited_first)}) | "
-                       f"{_share(part, lambda r: r.page_candidate)} |")
+                       f"{_share(part, lambda r: r.page_candidate)} | "
+                       f"{_share([r for r in part if r.passage_alone is not None], lambda r: r.passage_alone_right)} |")
         out += ["", "| answer kind | questions | right |", "|---|---|---|"]
         for kind in ANSWER_KINDS:
             part = [r for r in answerable if r.kind == kind]

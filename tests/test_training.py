@@ -597,3 +597,92 @@ def test_sentence_qa_examples_hold_their_answer_or_say_not_found():
     with pytest.raises(ValueError, match="sentence_qa task needs"):
         TaskSampler(_corpus() | {"text_paragraphs": corpus["text_paragraphs"]}, lambda s: TOK.encode(s).ids,
                     TOK.decode, layout, 128, 64, seed=3, task_weights={"sentence_qa": 1})
+
+
+def test_cloze_blanks_are_numbers_identifiers_names_and_quoted_terms():
+    from training.cloze_questions import blanks
+
+    sentence = ("Any file named Override.xml takes precedence, says Thomas Leonard, over the 3 data streams "
+                "and the ‘worker bees’ of CRC-32C; it MUST be read.")
+    found = {sentence[b.start:b.end]: b.kind for b in blanks(sentence)}
+    assert found == {"Override.xml": "identifier", "Thomas Leonard": "name", "3": "number",
+                     "worker bees": "quoted", "CRC-32C": "identifier"}  # MUST: a keyword, not a term
+
+    def spans(text):
+        return [text[b.start:b.end] for b in blanks(text)]
+
+    assert spans("The weight is 50, and the maximum is 100%.") == ["50", "100%"]
+    assert spans("The Savannah server reads it.") == []  # "The" opens no name
+    assert spans("She wrote it with ‘could’ in mind.") == []  # a word quoted for emphasis
+
+
+def test_cloze_questions_ask_for_the_blank_in_the_sentences_words():
+    import random
+
+    from training.cloze_questions import blanks, cloze_question, is_prose
+
+    sentence = "Any file named Override.xml takes precedence over all other files in the same packages directory."
+    (blank,) = blanks(sentence)
+    assert cloze_question(sentence, blank, random.Random(0), noised=False) == (
+        "Any file named what takes precedence over all other files in the same packages directory?")
+    streams = "For integer math, interleaving 3 data streams works best on current chips."
+    (blank,) = blanks(streams)
+    assert cloze_question(streams, blank, random.Random(0), noised=False) == (
+        "Interleaving how many data streams works best on current chips?")  # its clause only
+    quoted = "It is advised to always specify ‘argtypes’ for all variadic functions."
+    assert cloze_question(quoted, blanks(quoted)[0], random.Random(0), noised=False) == (
+        "It is advised to always specify what for all variadic functions?")
+    nested = "Added handling for the ‘'unknown-8bit'’ charset."  # Texinfo's quotes around a quoted term
+    assert cloze_question(nested, blanks(nested)[0], random.Random(0), noised=False) == (
+        "Added handling for the what charset?")
+    by = "The manual was written by Thomas Leonard in his spare time."
+    assert "by whom" in cloze_question(by, blanks(by)[0], random.Random(0), noised=False)
+    rng = random.Random(3)
+    noised = {cloze_question(sentence, blanks(sentence)[0], rng) for _ in range(40)}
+    assert len(noised) > 5 and all(" what " in q or q.startswith("What ") for q in noised)
+    assert all("Override.xml" not in q for q in noised)
+    assert any("priority" in q or "wins over" in q or "overrides" in q for q in noised)  # same meaning, other words
+    for not_prose in ("See *note poll(): 251a. for more about the 3 calls.", "x = 3 and y = 4 in the loop here.",
+                      "NAME ---- git-clone - Clone a repository into 2 directories.", "too short: 3 words."):
+        assert not is_prose(not_prose), not_prose
+    assert is_prose(sentence)
+
+
+def test_cloze_examples_hold_their_answer_once_in_their_context():
+    import random
+
+    from training.cloze_questions import cloze_example
+
+    paragraph = ("The daemon reads its settings at start. Any file named Override.xml takes precedence over all "
+                 "other files in the same packages directory. Restart it to apply a change.")
+    rng = random.Random(1)
+    for _ in range(20):
+        ex = cloze_example(paragraph, rng)
+        assert ex.answer == "Override.xml" and ex.context.count("Override.xml") == 1
+        assert ex.context.startswith("The daemon reads") and ex.question.endswith("?")
+    assert cloze_example("Set it to 8 here, or to 8 there, as the files say.", rng) is None  # twice: ambiguous
+    assert cloze_example("no sentence of prose here", rng) is None
+    tight = cloze_example(paragraph, random.Random(1), context_chars=120)
+    assert tight.context == ("Any file named Override.xml takes precedence over all other files in the same "
+                             "packages directory.")
+
+
+def test_cloze_qa_examples_put_the_answer_in_one_chunk_of_real_text():
+    texts = [" The service reads its settings at start. The default port of the cache server is 6379 for "
+             f"every user. Ask the admin, item {i}." for i in range(30)]
+    corpus = _corpus() | {"text_paragraphs": _flat([TOK.encode(t).ids for t in texts])}
+    layout = make_layout(BUNDLED_MODEL, model_config(TOK))
+    sampler = TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=5,
+                          task_weights={"cloze_qa": 1})
+    for _ in range(30):
+        ex = sampler.sample(3, scoring_share=0.0)
+        answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+        question = TOK.decode(ex.question_ids)
+        assert answer in ("6379", *(str(i) for i in range(30)))
+        assert answer not in question and question.endswith("?")
+        assert sum(answer in TOK.decode(c) for c in ex.chunks) >= 1 and len(ex.chunks) == 3
+    headings = _corpus() | {"text_paragraphs": _flat([TOK.encode(" NAME ---- git-clone").ids] * 5)}
+    sampler = TaskSampler(headings, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=5,
+                          task_weights={"cloze_qa": 1})
+    with pytest.raises(ValueError, match="cloze question"):
+        sampler.sample(2, scoring_share=0.0)

@@ -110,22 +110,14 @@ def text_paragraphs(corpus_dir: Path, limit: int, rng: random.Random, split_long
 def sentence_question_examples(corpus_dir: Path, context_chars: int = 450) -> list[dict]:
     """training.sentence_questions over every training paragraph: the question's sentence with its
     neighbours (at most `context_chars`, so that it fits one chunk), the answer, the training wordings."""
-    from training.sentence_questions import TRAINING_WORDINGS
+    from training.sentence_questions import TRAINING_WORDINGS, context_window
 
     out = []
     for paragraph in _training_paragraphs(corpus_dir):
         sents = split_sentences(paragraph)
         for i, sent in enumerate(sents):
             for q in questions_for(sent):
-                lo, hi = i, i + 1
-                while True:  # one more sentence on each side while it fits
-                    before = (lo, hi)
-                    if lo > 0 and len(" ".join(sents[lo - 1:hi])) <= context_chars:
-                        lo -= 1
-                    if hi < len(sents) and len(" ".join(sents[lo:hi + 1])) <= context_chars:
-                        hi += 1
-                    if (lo, hi) == before:
-                        break
+                lo, hi = context_window(sents, i, context_chars)
                 n = len(TRAINING_WORDINGS[q.rule])
                 out.append({"context": " ".join(sents[lo:hi]), "answer": q.answer, "questions": list(q.questions[:n])})
     return out

@@ -199,6 +199,20 @@ def _subject(text: str) -> str:
     return text
 
 
+def context_window(sentences: list[str], i: int, max_chars: int) -> tuple[int, int]:
+    """[lo, hi): sentence i with as many of its neighbours as fit in `max_chars` (joined by
+    spaces), one more on each side in turn, so that a question's context fits one chunk."""
+    lo, hi = i, i + 1
+    while True:
+        before = (lo, hi)
+        if lo > 0 and len(" ".join(sentences[lo - 1:hi])) <= max_chars:
+            lo -= 1
+        if hi < len(sentences) and len(" ".join(sentences[lo:hi + 1])) <= max_chars:
+            hi += 1
+        if (lo, hi) == before:
+            return lo, hi
+
+
 def questions_for(sentence: str) -> list[SentenceQuestion]:
     """The questions the rules make of one sentence (usually none), answer spans checked."""
     sentence = " ".join(sentence.split())

@@ -13,7 +13,8 @@ modelling on real text (`text_mdm`, the pretraining task, in LLaDA's layout), an
 training relation families (training.relations) placed in real text, asked in the training
 wordings and framings, with a fact of the same family about another subject beside them, and
 sometimes not there at all (the answer is then relations.NOT_FOUND); and questions made from the
-corpus's own sentences (training.sentence_questions), over their real context.
+corpus's own sentences (training.sentence_questions by rules, training.cloze_questions by blanking
+a span of any sentence of prose), over their real context.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from training import relations
+from training.cloze_questions import cloze_example
 
 ROLE_PAD, ROLE_PREFIX, ROLE_CHUNK, ROLE_QUERY, ROLE_ANSWER = -1, 0, 1, 2, 3
 REPEAT_HAYSTACK = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -55,7 +57,7 @@ class Layout:
 # default stream stays the one the bundled model was first trained on).
 TASK_WEIGHTS = {"niah": 10, "kv_retrieval": 2, "hotpot": 3, "which_document": 2, "lookup": 0, "sentence_qa": 0,
                 "lookup_generated": 0, "text_denoising": 0, "text_mdm": 0, "lookup_near": 0,
-                "lookup_dressed": 0}
+                "lookup_dressed": 0, "cloze_qa": 0}
 LOOKUP_NOT_FOUND_SHARE = 0.15
 # lookup_near asks a list family this share of the time (the table's 7 training list families are
 # 4% of plain lookups; on the held-out sets a list question is the likeliest miss).
@@ -69,6 +71,9 @@ LOOKUP_DRESSED_SHARE = 0.6
 # questions whose words stand in the fact, and it said "not found" to held-out families and
 # paraphrases.
 LOOKUP_GENERATED_NOT_FOUND_SHARE = 0.0
+# Paragraphs cloze_qa draws before it gives up: about one in seven real paragraphs has a sentence
+# of prose with something to ask, so 200 failing in a row means a corpus without prose.
+CLOZE_TRIES = 200
 TEXT_DENOISING_TARGET = 48  # tokens of text the text_denoising task restores after its chunk
 # Tokens of one text_mdm sequence: three chunks' worth, so that a word is read in more context than
 # one chunk gives, while a batch of them costs about what a batch of K = 4 examples does.
@@ -104,7 +109,7 @@ class TaskSampler:
             raise ValueError(f"weights must name exactly {sorted(known)} with non-negative values, got {given}")
         for task, needs in (("lookup", "text_paragraphs"), ("lookup_generated", "text_paragraphs"),
                             ("text_denoising", "text_paragraphs"), ("text_mdm", "text_paragraphs"),
-                            ("sentence_qa", "text_paragraphs"),
+                            ("sentence_qa", "text_paragraphs"), ("cloze_qa", "text_paragraphs"),
                             ("sentence_qa", "sentence_questions")):
             if self.task_weights[task] and not corpus.get(needs):
                 raise ValueError(f"the {task} task needs the corpus's real text (training.prepare --corpus)")
@@ -411,6 +416,25 @@ class TaskSampler:
             chunks[r.randrange(k)] = context
         answer = item["answer"] if answerable else relations.NOT_FOUND
         return Example(chunks, self.encode(r.choice(item["questions"])), self._answer(answer))
+
+    def cloze_qa(self, k: int) -> Example:
+        """A cloze question (training.cloze_questions: a span of a real sentence blanked and asked,
+        in noised words) over the sentence's own context, in one of k chunks of real text. Always
+        answerable: a question whose words are missing from the text is what a refusal would be
+        taught on, and that teaches refusing whatever is worded otherwise (see lookup_generated)."""
+        r = self.rng
+        for _ in range(CLOZE_TRIES):
+            j = r.randrange(len(self.text_off) - 1)
+            made = cloze_example(self.decode(self.text_tok[self.text_off[j]:self.text_off[j + 1]].tolist()), r)
+            if made is None:
+                continue
+            context = self.encode(" " + made.context)[: self.c - 1]
+            if made.answer not in self.decode(context):  # cut at the chunk's end
+                continue
+            chunks = [self._chunk_with([], "text") for _ in range(k)]
+            chunks[r.randrange(k)] = context
+            return Example(chunks, self.encode(made.question), self._answer(made.answer))
+        raise ValueError(f"none of {CLOZE_TRIES} paragraphs of the corpus has a sentence to ask a cloze question of")
 
     def text_denoising(self, k: int) -> Example:
         """Masked-diffusion language modelling on real text: a chunk of consecutive paragraphs and

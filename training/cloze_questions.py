@@ -1,0 +1,217 @@
+"""Questions made by blanking a span of a real sentence (cloze questions), over that sentence's text.
+
+"Any file named Override.xml takes precedence over all other files in the same packages directory."
+blanks "Override.xml" and asks "Any file named what takes precedence over all other files in the
+same packages directory?"; "processing 3 data streams in parallel" asks "processing how many data
+streams in parallel?". The rules of training.sentence_questions cover a few sentence shapes (2,085
+questions in the whole corpus); a blank can be put in almost any sentence that holds a number, a
+name or an identifier, so every relation a manual states becomes a question, in its own words.
+
+A question a person types shares fewer words with the text than its sentence does, so the questions
+are noised as Lewis et al. (2019, unsupervised QA by cloze translation) found helps: a window of
+the sentence around the blank (people ask short questions), some words dropped, some swapped for
+words of the same meaning. The answer is always a span of
+the text the example shows, and is found exactly once in it.
+
+Pure functions of their input and an explicit `random.Random`.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from engine.method.sentences import split_sentences
+from training.sentence_questions import context_window
+
+# Candidate answers, in the order they are tried against a sentence's words (each a whole word or
+# run of words): numbers with what belongs to them, identifiers, names.
+_NUMBER = re.compile(r"(?<![\w.-])(?:\d+(?:[.,]\d+)*(?:[-\u2013]\d+(?:[.,]\d+)*)?)(?:%|[A-Za-z]{1,3}\b)?(?![\w-])")
+# An identifier: an option ("--log-file"), a file or path ("Override.xml", "/etc/mime.types"), a
+# name with inner punctuation or case ("user.mime_type", "libhogweed", "CRC-32C", "MulByXpowD").
+_IDENTIFIER = re.compile(r"(?<![\w./-])(?:--?[A-Za-z][\w-]*(?:=\S+)?|/?[\w-]+(?:[./_][\w-]+)+|"
+                         r"[a-z]+[A-Z][\w]*|[A-Z][a-z]+[A-Z][\w]*|[A-Z]{2,}(?:-\d+[A-Z]*)?)(?![\w/-])")
+# A name: two to four capitalised words ("Thomas Leonard", "Free Software Foundation").
+_NAME = re.compile(r"(?<![\w.])(?!(?:The|A|An|This|That|These|In|On|If|When|For|With|See|Note|Use)\b)"
+                   r"[A-Z][a-z]+(?:[ -](?:(?:of|de|van|von) )?[A-Z][a-z]+){1,3}(?![\w])")
+_QUOTED = re.compile(r"[\u2018'\"\u201c]([^\u2018\u2019'\"\u201c\u201d]{2,40})[\u2019'\"\u201d]")
+_OPENING, _CLOSING = "\u2018'\"\u201c(", "\u2019'\"\u201d)"
+KINDS = ("number", "identifier", "name", "quoted")
+# Capitals that are a heading or a requirement keyword (RFC 2119), not a thing a question asks for.
+_NOT_AN_ACRONYM = frozenset("""MAY MUST SHALL SHOULD NOT REQUIRED RECOMMENDED OPTIONAL NAME SYNOPSIS DESCRIPTION
+OPTIONS NOTE NOTES WARNING TODO AND OR SEE ALSO BUGS AUTHOR AUTHORS FILES EXAMPLES""".split())
+# A sentence of prose: no markup, code or cross-reference syntax (info's "*note", Texinfo, roff
+# leftovers, assignments), mostly plain words.
+_NOT_PROSE = re.compile(r"[*\\{}=|`#@]|::|---|\(\s|\s\)|\.\.\.|\(merge ")
+_PLAIN_WORD = re.compile(r"^[A-Za-z][a-z]*[,;:]?$")
+PLAIN_WORD_SHARE = 0.6  # of a sentence's words, at least
+
+MIN_WORDS, MAX_WORDS = 6, 45  # sentences outside this length ask nothing (headings, tables, run-ons)
+WINDOW_WORDS = (6, 12)  # words kept on each side of the blank: fewest, most
+DROP_SHARE = 0.1  # each other word of a noised question is dropped with this probability
+SWAP_SHARE = 0.5  # each word with a listed same-meaning word is swapped with this probability
+
+# Words of technical prose and what a user might type instead (both ways where it reads right).
+_SAME_MEANING = {
+    "default": ["standard", "usual"], "maximum": ["largest", "most", "max"], "minimum": ["smallest", "least", "min"],
+    "uses": ["employs", "takes"], "use": ["employ"], "requires": ["needs"], "require": ["need"],
+    "needs": ["requires"], "contains": ["holds", "includes"], "holds": ["contains"], "faster": ["quicker"],
+    "slower": ["less fast"], "larger": ["bigger"], "smaller": ["less"], "begins": ["starts"], "starts": ["begins"],
+    "ends": ["finishes"], "stored": ["kept", "saved"], "written": ["saved", "output"], "creates": ["makes"],
+    "create": ["make"], "prints": ["shows", "outputs"], "print": ["show", "output"], "shows": ["prints", "displays"],
+    "displays": ["shows"], "specifies": ["gives", "sets"], "specify": ["give", "set"], "option": ["flag", "switch"],
+    "options": ["flags", "switches"], "directory": ["folder"], "directories": ["folders"], "file": ["document"],
+    "removes": ["deletes"], "remove": ["delete"], "deleted": ["removed"], "allows": ["lets", "permits"],
+    "enables": ["turns on"], "disables": ["turns off"], "called": ["named"], "named": ["called"],
+    "returns": ["gives back"], "function": ["routine", "call"], "program": ["tool", "application"],
+    "programs": ["tools", "applications"], "approximately": ["about", "roughly"], "about": ["around"],
+    "several": ["a few", "multiple"], "many": ["lots of"], "large": ["big"], "small": ["little"],
+    "information": ["info", "details"], "users": ["people"], "user": ["person"], "error": ["failure"],
+    "errors": ["failures", "problems"], "memory": ["RAM"], "size": ["length"], "number": ["count"],
+    "used": ["applied", "taken"], "run": ["execute"], "runs": ["executes"], "released": ["published", "out"],
+    "author": ["writer"], "written by": ["by"], "originally": ["first"], "precedence": ["priority"],
+    "takes precedence over": ["overrides", "wins over"], "at least": ["no less than"], "at most": ["no more than"],
+    "up to": ["at most"], "instead of": ["rather than"], "in order to": ["to"], "because": ["since"],
+}
+_PHRASES = sorted(_SAME_MEANING, key=len, reverse=True)
+# Words a question may lose without losing what it asks (never the wh-phrase or the answer's neighbours).
+_DROPPABLE = frozenset("""
+a an the this that these those of to in on at by for with from as is are was were be been it its
+also only then just very so such any all some each every can could may might will would should
+""".split())
+
+
+# Words quoted for emphasis ("the import 'could' happen"), not as terms.
+_EMPHASISED = _DROPPABLE | {"not", "no", "never", "always", "must", "need", "before", "after"}
+
+
+@dataclass(frozen=True)
+class Blank:
+    start: int  # character span of the answer in the sentence
+    end: int
+    kind: str  # KINDS
+
+
+@dataclass(frozen=True)
+class ClozeExample:
+    context: str  # the sentence with its neighbours, as the example shows it
+    question: str
+    answer: str  # a span of `context`, found there exactly once
+
+
+def is_prose(sentence: str) -> bool:
+    """Whether `sentence` reads as a sentence of prose: capitalised, ending in a full stop, no
+    markup or code (`_NOT_PROSE`), most of its words plain words."""
+    words = sentence.split()
+    if not (MIN_WORDS <= len(words) <= MAX_WORDS) or not sentence[:1].isupper() or not sentence.endswith("."):
+        return False
+    if _NOT_PROSE.search(sentence):
+        return False
+    return sum(bool(_PLAIN_WORD.match(w.rstrip("."))) for w in words) >= PLAIN_WORD_SHARE * len(words)
+
+
+def blanks(sentence: str) -> list[Blank]:
+    """Spans of `sentence` a question can ask for, without overlaps (numbers first, then
+    identifiers, names, quoted terms), each a whole word or run of words."""
+    found: list[Blank] = []
+    taken: list[tuple[int, int]] = []
+    for kind, pattern in (("number", _NUMBER), ("identifier", _IDENTIFIER), ("name", _NAME), ("quoted", _QUOTED)):
+        for m in pattern.finditer(sentence):
+            start, end = m.span(1) if kind == "quoted" else m.span()
+            text = sentence[start:end]
+            if kind == "number" and len(text) == 4 and text.isdigit() and not 1800 <= int(text) <= 2100 \
+                    and sentence[end:end + 1] == ".":
+                continue  # a section number ("2.5.") is a heading, not an answer
+            if kind == "identifier" and text in _NOT_AN_ACRONYM:
+                continue
+            if kind == "quoted" and text.lower() in _EMPHASISED:
+                continue  # a word put in quotes for emphasis ("could"), not a term
+            if any(start < b and a < end for a, b in taken):
+                continue
+            taken.append((start, end))
+            found.append(Blank(start, end, kind))
+    return sorted(found, key=lambda b: b.start)
+
+
+def _wh_phrase(sentence: str, blank: Blank) -> str:
+    """What stands for the blank: "how many" before a plural noun ("3 data streams" -> "how many
+    data streams"), "whom" after "by" for a name, else "what"."""
+    before = sentence[:blank.start].split()
+    prev = before[-1].lower() if before else ""
+    if blank.kind == "number" and sentence[blank.start:blank.end][-1].isdigit() \
+            and re.match(r" (?:[a-z]+ ){0,2}[a-z]+s\b", sentence[blank.end:]):
+        return "how many"
+    if blank.kind == "name" and prev == "by":
+        return "whom"
+    return "what"
+
+
+def _swap_same_meaning(words: list[str], rng: random.Random) -> list[str]:
+    text = " " + " ".join(words) + " "
+    for phrase in _PHRASES:
+        key = f" {phrase} "
+        if key in text.lower() and rng.random() < SWAP_SHARE:
+            at = text.lower().index(key)
+            text = text[:at] + " " + rng.choice(_SAME_MEANING[phrase]) + " " + text[at + len(key):]
+    return text.split()
+
+
+def cloze_question(sentence: str, blank: Blank, rng: random.Random, noised: bool = True) -> str:
+    """`sentence` asked about `blank`: the blank replaced by its wh-phrase, a window of words
+    around it; `noised`: words dropped and swapped for words of the same meaning."""
+    wh = _wh_phrase(sentence, blank)
+    # The blank's quotes go with it ("set 'argtypes' for" -> "set what for"), nested ones too ("‘'x'’").
+    start, end = blank.start, blank.end
+    while start > 0 and end < len(sentence) and sentence[start - 1] in _OPENING and sentence[end] in _CLOSING:
+        start, end = start - 1, end + 1
+    before = sentence[:start].split()
+    after = sentence[end:].rstrip(" .;:!?").split()
+    # The blank's clause only: a comma or semicolon before it ends what the question needs.
+    for i in range(len(before) - 1, -1, -1):
+        if before[i].endswith((",", ";", ":")):
+            before = before[i + 1:]
+            break
+    for i, w in enumerate(after):
+        if w.endswith((",", ";", ":")) and i >= 1:
+            after = after[:i + 1]
+            break
+    lo, hi = WINDOW_WORDS
+    before = before[-rng.randint(lo, hi):] if noised else before
+    after = after[:rng.randint(lo, hi)] if noised else after
+    if noised:  # the words next to the blank stay ("how many data streams", "named what")
+        before = _swap_same_meaning(before, rng)
+        after = _swap_same_meaning(after, rng)
+        before = [w for w in before[:-1] if w.lower() not in _DROPPABLE or rng.random() >= DROP_SHARE] + before[-1:]
+        after = after[:1] + [w for w in after[1:] if w.lower() not in _DROPPABLE or rng.random() >= DROP_SHARE]
+    if before and before[0][:1].isupper() and not before[0][1:2].isupper() and before[0] not in ("I",) \
+            and not any(c in before[0] for c in "./_-"):
+        before[0] = before[0].lower()
+    question = " ".join([*before, wh, *after]).rstrip(",;:")
+    return question[0].upper() + question[1:] + "?"
+
+
+def cloze_example(paragraph: str, rng: random.Random, context_chars: int = 450) -> ClozeExample | None:
+    """A cloze question over one sentence of `paragraph`, with that sentence and its neighbours (at
+    most `context_chars`) as the context; None when no sentence of it holds a blank to ask."""
+    sents = split_sentences(paragraph)
+    order = list(range(len(sents)))
+    rng.shuffle(order)
+    for i in order:
+        sent = " ".join(sents[i].split())
+        if len(sent) > context_chars or not is_prose(sent):
+            continue
+        options = blanks(sent)
+        rng.shuffle(options)
+        lo, hi = context_window(sents, i, context_chars)
+        context = " ".join(" ".join(s.split()) for s in sents[lo:hi])
+        for blank in options:
+            answer = sent[blank.start:blank.end]
+            if _occurrences(context, answer) != 1:
+                continue  # asked twice in its text, the answer would be a guess between them
+            return ClozeExample(context, cloze_question(sent, blank, rng), answer)
+    return None
+
+
+def _occurrences(text: str, span: str) -> int:
+    return len(re.findall(r"(?<![\w])" + re.escape(span) + r"(?![\w])", text))

@@ -41,72 +41,6 @@ def _rejoined(match: re.Match) -> str:
     return f"{left}-{right}" if named else left + right
 
 
-# A page's running header or footer: a line at its top or bottom edge that recurs at the edges of
-# other pages once numbers are masked ("Chapter 5: Linking 6", "Valgrind User Manual"), or a bare
-# page number. Left in, each is glued to the page's first or last paragraph: it splits sentences
-# that run across pages, shows in cited passages and is read by the model as text.
-EDGE_LINES = 2  # lines at each edge of a page that may be a running header or footer
-RUNNING_MIN_PAGES = 3  # pages whose edges a line (or bare numbers) must recur at
-RUNNING_MAX_WORDS = 20  # a longer line is body text, however often its shape recurs
-# Words that open a chapter's running header, its title changing from chapter to chapter.
-_CHAPTER_WORDS = frozenset({"chapter", "appendix", "part", "section"})
-_NUMERAL = re.compile(r"\b(?:\d+|[ivxlc]{1,6})\b", re.IGNORECASE)
-
-
-def _edge_key(line: str) -> str:
-    """A line as it recurs from page to page: numbers and roman numerals masked as "#", spacing
-    and case ignored."""
-    return " ".join(_NUMERAL.sub("#", line).lower().split())
-
-
-def _numbered_heading(key: str) -> str | None:
-    """The "chapter #:" of a chapter's running header ("Chapter 5: Linking 6", "CHAPTER 7. BASICS
-    OF ..."), whose title changes from chapter to chapter; None for any other line."""
-    words = key.split()
-    return f"{words[0]} {words[1]}" if len(words) > 2 and words[0] in _CHAPTER_WORDS and "#" in words[1] else None
-
-
-def _edges(lines: list[str]) -> list[int]:
-    """Indices of the first and last EDGE_LINES non-blank lines."""
-    filled = [i for i, line in enumerate(lines) if line.strip()]
-    return sorted(set(filled[:EDGE_LINES] + filled[-EDGE_LINES:]))
-
-
-def strip_running_lines(pages: list[str]) -> list[str]:
-    """Pure: the pages' texts (lines as \\n) without their running headers and footers.
-
-    Dropped, at a page's edges (`_edges`): a line of at most RUNNING_MAX_WORDS words whose
-    `_edge_key`, or whose chapter prefix (`_numbered_heading`), recurs at the edges of at least
-    RUNNING_MIN_PAGES pages; a bare page number, where at least that many pages have one. Kept: a
-    line recurring inside pages, and the first page's lines (a title that later pages repeat as
-    their header)."""
-    split = [page.split("\n") for page in pages]
-    edge_keys = [{i: _edge_key(lines[i]) for i in _edges(lines)} for lines in split]
-    recurs: dict[str, int] = {}  # edge key or chapter prefix -> pages with it at an edge
-    for keys in edge_keys:
-        distinct = set(keys.values())
-        for key in distinct | {_numbered_heading(k) for k in distinct} - {None}:
-            recurs[key] = recurs.get(key, 0) + 1
-    numbered_pages = sum(any(map(_is_page_number, keys.values())) for keys in edge_keys)
-
-    def running(key: str, first_page: bool) -> bool:
-        if len(key.split()) > RUNNING_MAX_WORDS:
-            return False
-        if _is_page_number(key):
-            return numbered_pages >= RUNNING_MIN_PAGES
-        return not first_page and max(recurs[key], recurs.get(_numbered_heading(key), 0)) >= RUNNING_MIN_PAGES
-
-    out = []
-    for n, (lines, keys) in enumerate(zip(split, edge_keys, strict=True)):
-        drop = {i for i, key in keys.items() if running(key, n == 0)}
-        out.append("\n".join(line for i, line in enumerate(lines) if i not in drop))
-    return out
-
-
-def _is_page_number(key: str) -> bool:
-    return bool(key) and set(key) <= {"#", " "}
-
-
 def normalize(text: str) -> str:
     """Ligatures, soft hyphens, line-end hyphenation and whitespace; paragraphs kept as blank lines."""
     for src, dst in _LIGATURES.items():
@@ -126,9 +60,8 @@ def pdfium_text(text: str) -> str:
 
 def _pdfium_page_texts(data: bytes, password: str | None, pages: int, emit: Callable[[list], None]
                        ) -> list[str] | None:
-    """Each page's text through PDFium (lines as \\n, not yet normalized), or None where PDFium
-    cannot read the file, sees another number of pages than pypdf, or finds no text on any page
-    (pypdf's text is taken then)."""
+    """Each page's text through PDFium, or None where PDFium cannot read the file, sees another
+    number of pages than pypdf, or finds no text on any page (pypdf's text is taken then)."""
     try:
         import pypdfium2 as pdfium
     except ImportError:
@@ -144,7 +77,7 @@ def _pdfium_page_texts(data: bytes, password: str | None, pages: int, emit: Call
         for i in range(pages):
             page = pdf[i]
             textpage = page.get_textpage()
-            texts.append(pdfium_text(textpage.get_text_range()))
+            texts.append(normalize(pdfium_text(textpage.get_text_range())))
             for handle in (textpage, page):  # children before the document, as PDFium wants
                 handle.close()
             emit(["progress", i + 1, pages])
@@ -178,9 +111,8 @@ def _pdf_page_texts(data: bytes, password: str | None, emit: Callable[[list], No
             if texts is None:
                 texts = []
                 for i, page in enumerate(reader.pages):
-                    texts.append(page.extract_text() or "")
+                    texts.append(normalize(page.extract_text() or ""))
                     emit(["progress", i + 1, n])
-            texts = [normalize(t) for t in strip_running_lines(texts)]
         except DependencyError as exc:
             emit(["error", "unsupported_encryption",
                   f"the PDF is encrypted in a way this installation cannot open ({exc}); "

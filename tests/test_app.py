@@ -84,54 +84,6 @@ def test_pdfium_text_joins_hyphenated_words_and_keeps_the_hyphens_of_names():
         assert pdfium_text(raw) == text, raw
 
 
-def test_running_headers_footers_and_page_numbers_are_dropped_and_the_text_kept():
-    from app.pdf_text import strip_running_lines
-
-    pages = ["Nettle Manual\nBy Niels Moller\nii",
-             "Chapter 1: Introduction 1\n1 Introduction\nNettle is a library.\nThe Nettle Manual\n1",
-             "Chapter 1: Introduction 2\nIt is small.\nThe Nettle Manual\n2",
-             "Chapter 2: Copyright 3\nNettle is free.\nThe Nettle Manual\n3",
-             "Chapter 3: Conventions 4\nThe Nettle Manual is short.\nOne line recurs.\nThe Nettle Manual\n4"]
-    assert strip_running_lines(pages) == [
-        "Nettle Manual\nBy Niels Moller",  # the first page keeps its title; "ii" is a page number
-        "1 Introduction\nNettle is a library.", "It is small.", "Nettle is free.",
-        "The Nettle Manual is short.\nOne line recurs."]
-    # Two pages are too few to tell a running line from text that happens to recur.
-    assert strip_running_lines(pages[1:3]) == pages[1:3]
-    body = [f"{first} opens.\n{first} goes on.\nOne line recurs.\nMiddle.\n{last} closes.\nThe end of {last}."
-            for first, last in (("Alpha", "Beta"), ("Gamma", "Delta"), ("Epsilon", "Zeta"))]
-    assert strip_running_lines(body) == body  # recurring inside pages: not a running line
-
-
-def test_a_pdfs_running_header_and_page_numbers_stay_out_of_its_text():
-    class Manual(FPDF):
-        def header(self):
-            self.set_font("Helvetica", size=9)
-            self.cell(0, 8, "Harbour Operations Manual, Edition 3")
-            self.ln(12)
-
-        def footer(self):
-            self.set_y(-15)
-            self.set_font("Helvetica", size=9)
-            self.cell(0, 8, str(self.page_no()), align="C")
-
-    pdf = Manual()
-    pdf.set_creation_date(datetime(2026, 1, 1, tzinfo=timezone.utc))
-    topics = ["tides", "pilots", "moorings", "dredging", "lights"]
-    for p, topic in enumerate(topics, 1):
-        pdf.add_page()
-        pdf.set_font("Helvetica", size=11)
-        pdf.multi_cell(0, 6, f"Section {p} is about {topic}. " + " ".join(
-            f"Rule {p}.{i} of {topic} applies to berth {i * p}." for i in range(1, 12)))
-    doc = extract(bytes(pdf.output()), "manual.pdf", 50 << 20)
-    assert doc.text.count("Harbour Operations Manual") == 1  # the first page's, a title
-    for page, topic in zip(doc.pages, topics, strict=True):
-        text = doc.text[page.char_start:page.char_end]
-        p = page.index + 1
-        assert text.startswith(f"Section {p} is about {topic}") or p == 1
-        assert text.endswith(f"Rule {p}.11 of {topic} applies to berth {11 * p}.")
-
-
 FAQ_PDF = Path("/usr/share/doc/debian/FAQ/debian-faq.en.pdf.gz")
 
 

@@ -10,8 +10,8 @@ name or an identifier, so every relation a manual states becomes a question, in 
 A question a person types shares fewer words with the text than its sentence does, so the questions
 are noised as Lewis et al. (2019, unsupervised QA by cloze translation) found helps: a window of
 the sentence around the blank (people ask short questions), some words dropped, some swapped for
-words of the same meaning. The answer is always a span of
-the text the example shows, and is found exactly once in it.
+words of the same meaning. The answer is always a span of the text the example shows, found
+exactly once in it.
 
 Pure functions of their input and an explicit `random.Random`.
 """
@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from engine.method.sentences import split_sentences
 from training.sentence_questions import context_window
 
-# Candidate answers, in the order they are tried against a sentence's words (each a whole word or
-# run of words): numbers with what belongs to them, identifiers, names.
+# Candidate answers, each a whole word or run of words, tried in this order (an earlier kind's span
+# wins an overlap): numbers with their unit or percent sign, identifiers, names, quoted terms.
 _NUMBER = re.compile(r"(?<![\w.-])(?:\d+(?:[.,]\d+)*(?:[-\u2013]\d+(?:[.,]\d+)*)?)(?:%|[A-Za-z]{1,3}\b)?(?![\w-])")
 # An identifier: an option ("--log-file"), a file or path ("Override.xml", "/etc/mime.types"), a
-# name with inner punctuation or case ("user.mime_type", "libhogweed", "CRC-32C", "MulByXpowD").
+# name with inner punctuation or case ("user.mime_type", "CRC-32C", "MulByXpowD", "NULL").
 _IDENTIFIER = re.compile(r"(?<![\w./-])(?:--?[A-Za-z][\w-]*(?:=\S+)?|/?[\w-]+(?:[./_][\w-]+)+|"
                          r"[a-z]+[A-Z][\w]*|[A-Z][a-z]+[A-Z][\w]*|[A-Z]{2,}(?:-\d+[A-Z]*)?)(?![\w/-])")
 # A name: two to four capitalised words ("Thomas Leonard", "Free Software Foundation").
@@ -80,8 +80,6 @@ _DROPPABLE = frozenset("""
 a an the this that these those of to in on at by for with from as is are was were be been it its
 also only then just very so such any all some each every can could may might will would should
 """.split())
-
-
 # Words quoted for emphasis ("the import 'could' happen"), not as terms.
 _EMPHASISED = _DROPPABLE | {"not", "no", "never", "always", "must", "need", "before", "after"}
 
@@ -120,9 +118,6 @@ def blanks(sentence: str) -> list[Blank]:
         for m in pattern.finditer(sentence):
             start, end = m.span(1) if kind == "quoted" else m.span()
             text = sentence[start:end]
-            if kind == "number" and len(text) == 4 and text.isdigit() and not 1800 <= int(text) <= 2100 \
-                    and sentence[end:end + 1] == ".":
-                continue  # a section number ("2.5.") is a heading, not an answer
             if kind == "identifier" and text in _NOT_AN_ACRONYM:
                 continue
             if kind == "quoted" and text.lower() in _EMPHASISED:
@@ -184,8 +179,7 @@ def cloze_question(sentence: str, blank: Blank, rng: random.Random, noised: bool
         after = _swap_same_meaning(after, rng)
         before = [w for w in before[:-1] if w.lower() not in _DROPPABLE or rng.random() >= DROP_SHARE] + before[-1:]
         after = after[:1] + [w for w in after[1:] if w.lower() not in _DROPPABLE or rng.random() >= DROP_SHARE]
-    if before and before[0][:1].isupper() and not before[0][1:2].isupper() and before[0] not in ("I",) \
-            and not any(c in before[0] for c in "./_-"):
+    if before and before[0].istitle() and before[0].isalpha() and before[0] != "I":  # "The", not "GNU"
         before[0] = before[0].lower()
     question = " ".join([*before, wh, *after]).rstrip(",;:")
     return question[0].upper() + question[1:] + "?"
@@ -214,4 +208,4 @@ def cloze_example(paragraph: str, rng: random.Random, context_chars: int = 450) 
 
 
 def _occurrences(text: str, span: str) -> int:
-    return len(re.findall(r"(?<![\w])" + re.escape(span) + r"(?![\w])", text))
+    return len(re.findall(r"(?<!\w)" + re.escape(span) + r"(?!\w)", text))

@@ -110,13 +110,15 @@ def test_a_run_through_the_app_scores_and_reports(tmp_path):
     found = rows[0]
     assert found.right and "4729135" in found.shown and found.page_cited and found.page_candidate
     assert found.passage_alone_right and "4729135" in found.passage_alone  # its passage, read alone
+    assert found.bm25_rank == 0  # BM25 alone finds it first: "harbor-dredging" is on that page only
     assert rows[1].page_cited is None and rows[1].right == rows[1].not_found
-    assert rows[1].passage_alone is None and rows[1].passage_alone_right is None
+    assert rows[1].passage_alone is None and rows[1].passage_alone_right is None and rows[1].bm25_rank is None
     written = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert [w["question"] for w in written] == [q.question for q in asked]
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "Held-out sources" in summary
-    assert "| report | 1 | 100% (1/1) | 0% (0/1) | 100% (1/1) (100%) | 100% (1/1) | 100% (1/1) |" in summary
+    assert "| report | 1 | 100% (1/1) | 0% (0/1) | 100% (1/1) (100%) | 100% (1/1) | 100% (1/1) | 100% (1/1) (100%) |" \
+        in summary
     assert not list(tmp_path.glob("docqa-eval-pdfs-*"))  # the temporary library is removed
     assert found.cited_pages == ["2"]  # the model's margin rule keeps the one chunk that explains the question
     (wide, _) = pq.evaluate(BUNDLED_MODEL, tmp_path / "out-wide", questions, device="cpu", sources=sources,

@@ -37,6 +37,7 @@ ANSWER_KINDS = ("number", "name", "identifier", "value", "phrase")
 NO_ANSWER = "no_answer"
 SHINGLE_WORDS = 8  # a run of this many words found in the corpus counts as seen text
 HELD_OUT_MAX_OVERLAP = 0.1  # a held-out source with more of its runs in the corpus is warned about
+BM25_RANKS = 4  # BM25's best chunks a row looks through for the answer (as many as the app cites at most)
 
 
 @dataclass(frozen=True)
@@ -192,23 +193,25 @@ class PdfAnswerRow:
     # selection. None: a no-answer question, or no single chunk holds an accepted answer.
     passage_alone: str | None = None
     passage_alone_right: bool | None = None
+    # Retrieval by BM25 alone, the baseline the app's selection should beat: the rank (0 = best) of
+    # the first chunk `_holds` the answer among BM25's BM25_RANKS best of the document; None: not there.
+    bm25_rank: int | None = None
 
 
 def _page_within(page_index: int, spans: Iterable[tuple[int, int]]) -> bool:
     return any(start <= page_index <= end for start, end in spans)
 
 
-def _holding_passage(q: PdfQuestion, citations) -> bool:
-    """Whether one of `citations` (app.service.Citation) lies on the answer's page and holds an
-    accepted answer: the passage a reader needs, not only a neighbour on the same page."""
-    return any(c.page_start <= q.page - 1 <= c.page_end and holds_answer(c.text, q.answers) for c in citations)
+def _holds(q: PdfQuestion, passage) -> bool:
+    """Whether `passage` (anything with page_start, page_end and text: a citation, a chunk) lies on
+    the answer's page and holds an accepted answer: the passage a reader needs, not a neighbour."""
+    return passage.page_start <= q.page - 1 <= passage.page_end and holds_answer(passage.text, q.answers)
 
 
 def passage_holding(q: PdfQuestion, chunks) -> str | None:
-    """The text of the first chunk (storage.store.ChunkRecord) on the answer's page that holds an
-    accepted answer; None when no single chunk does (an answer cut between two)."""
-    return next((c.text for c in chunks
-                 if c.page_start <= q.page - 1 <= c.page_end and holds_answer(c.text, q.answers)), None)
+    """The text of the first of `chunks` (storage.store.ChunkRecord) that `_holds` the answer; None
+    when no single chunk does (an answer cut between two)."""
+    return next((c.text for c in chunks if _holds(q, c)), None)
 
 
 def read_passage_alone(service, question: str, passage: str, params=None) -> str:
@@ -234,13 +237,13 @@ def ask_all(service, questions: list[PdfQuestion], pdfs: dict[str, bytes], sourc
     from app.service import UNGROUNDED_WARNING
 
     params = service.params(**overrides) if overrides else None
-    ids, chunks = {}, {}
+    ids, chunks = {}, {}  # chunks: per source, (cache id, ordinal) -> ChunkRecord
     for name in dict.fromkeys(q.source for q in questions):
         start = time.perf_counter()
         info, _ = service.ingest(pdfs[name], f"{name}.pdf")
         ids[name] = info.record.id
-        chunks[name] = [c for cache in service.store.caches_of(info.record.id) if cache.status == "ready"
-                        for c in service.store.chunks(cache.id)]
+        chunks[name] = {(cache.id, c.ordinal): c for cache in service.store.caches_of(info.record.id)
+                        if cache.status == "ready" for c in service.store.chunks(cache.id)}
         progress(f"{name}: {info.record.page_count} pages, {info.tokens} tokens, {info.chunks} chunks "
                  f"({time.perf_counter() - start:.1f} s)")
     rows = []
@@ -257,18 +260,23 @@ def ask_all(service, questions: list[PdfQuestion], pdfs: dict[str, bytes], sourc
         not_found = not res.answer.strip()
         ungrounded = res.warning == UNGROUNDED_WARNING
         right = holds_answer(res.answer, q.answers) and not ungrounded if q.answerable else not_found
-        holding = candidate = first = alone = alone_right = None
+        holding = candidate = first = alone = alone_right = bm25 = None
         if q.answerable:
-            holding, first = _holding_passage(q, res.citations), _holding_passage(q, res.citations[:1])
+            holding = any(_holds(q, c) for c in res.citations)
+            first = bool(res.citations) and _holds(q, res.citations[0])
             candidate = _page_within(q.page - 1, ((s["page_start"], s["page_end"]) for s in res.scores))
-            passage = passage_holding(q, chunks[q.source])
+            caches = sorted({cache for cache, _ in chunks[q.source]})
+            hits = service.store.search_chunks(q.question, caches, BM25_RANKS)
+            bm25 = next((r for r, h in enumerate(hits) if _holds(q, chunks[q.source][h.cache_id, h.ordinal])), None)
+            passage = passage_holding(q, chunks[q.source].values())
             if passage is not None:
                 alone = read_passage_alone(service, q.question, passage, params)
                 alone_right = holds_answer(alone, q.answers)
         rows.append(PdfAnswerRow(q.source, held_out, q.kind, q.question, q.answers, q.page, res.answer,
                                  res.warning, right, not_found, holding, candidate, seconds,
                                  cited_pages=[c.pages for c in res.citations], page_cited_first=first,
-                                 ungrounded=ungrounded, passage_alone=alone, passage_alone_right=alone_right))
+                                 ungrounded=ungrounded, passage_alone=alone, passage_alone_right=alone_right,
+                                 bm25_rank=bm25))
         progress(f"  {'right' if right else 'WRONG'} {q.source}: {q.question!r} -> {res.answer[:50]!r} "
                  f"(expected {q.answers[:2] if q.answerable else 'not found'}; its passage "
                  f"{'cited' if holding else 'not cited' if holding is not None else '-'}; {seconds:.1f} s"
@@ -296,15 +304,17 @@ def summarize(rows: list[PdfAnswerRow]) -> str:
         answerable = [r for r in group if r.kind != NO_ANSWER]
         out += [f"### {title}", "",
                 "| source | questions | right | shown \"not found\" | a passage holding it cited (first) | "
-                "its page among scored | right reading its passage alone |",
-                "|---|---|---|---|---|---|---|"]
+                "its page among scored | right reading its passage alone | BM25 alone: in its top 4 (first) |",
+                "|---|---|---|---|---|---|---|---|"]
         for name in [*dict.fromkeys(r.source for r in answerable), "all"]:
             part = answerable if name == "all" else [r for r in answerable if r.source == name]
             out.append(f"| {'**all**' if name == 'all' else name} | {len(part)} | {_share(part, lambda r: r.right)} | "
                        f"{_share(part, lambda r: r.not_found)} | {_share(part, lambda r: r.page_cited)} "
                        f"({_percent(part, lambda r: r.page_cited_first)}) | "
                        f"{_share(part, lambda r: r.page_candidate)} | "
-                       f"{_share([r for r in part if r.passage_alone is not None], lambda r: r.passage_alone_right)} |")
+                       f"{_share([r for r in part if r.passage_alone is not None], lambda r: r.passage_alone_right)} | "
+                       f"{_share(part, lambda r: r.bm25_rank is not None)} "
+                       f"({_percent(part, lambda r: r.bm25_rank == 0)}) |")
         out += ["", "| answer kind | questions | right |", "|---|---|---|"]
         for kind in ANSWER_KINDS:
             part = [r for r in answerable if r.kind == kind]

@@ -265,8 +265,7 @@ def ask_all(service, questions: list[PdfQuestion], pdfs: dict[str, bytes], sourc
             holding = any(_holds(q, c) for c in res.citations)
             first = bool(res.citations) and _holds(q, res.citations[0])
             candidate = _page_within(q.page - 1, ((s["page_start"], s["page_end"]) for s in res.scores))
-            caches = sorted({cache for cache, _ in chunks[q.source]})
-            hits = service.store.search_chunks(q.question, caches, BM25_RANKS)
+            hits = service.store.search_chunks(q.question, sorted({c for c, _ in chunks[q.source]}), BM25_RANKS)
             bm25 = next((r for r, h in enumerate(hits) if _holds(q, chunks[q.source][h.cache_id, h.ordinal])), None)
             passage = passage_holding(q, chunks[q.source].values())
             if passage is not None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from app.defaults import BUNDLED_MODEL
 from storage.kv_codec import DEFAULT_KV_ENCODING, KV_ENCODINGS
-from ui.cli import EXIT_OK, EXIT_USAGE, non_negative_int, run
+from ui.cli import EXIT_OK, EXIT_USAGE, non_negative_int, positive_int, run
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -69,6 +69,15 @@ def _build_parser() -> argparse.ArgumentParser:
     ep.add_argument("--corpus", type=Path, default=None,
                     help="a training corpus folder (training.prepare's): also print each source's overlap with it")
     ep.add_argument("--out", type=Path, default=Path("eval-pdfs-out"))
+
+    pr = sub.add_parser("probe-reading", help="questions made by rule and cloze from the PDFs' own sentences, each "
+                                              "read over its passage alone: reading by question kind and source")
+    pr.add_argument("--model", type=Path, default=BUNDLED_MODEL)
+    pr.add_argument("--sources", nargs="+", default=None, help="only these sources (default: every eval-pdfs source)")
+    pr.add_argument("--per-kind", type=positive_int, default=25, help="questions of each kind per source")
+    pr.add_argument("--seed", type=int, default=11, help="draws which sentences are asked")
+    pr.add_argument("--device", default=None)
+    pr.add_argument("--out", type=Path, default=Path("probe-reading-out"))
 
     bn = sub.add_parser("bench", help="KV modes side by side on random-weight models at real shapes")
     bn.add_argument("--shape", choices=("dream-7b", "llada-8b", "tiny"), default="dream-7b")
@@ -191,6 +200,15 @@ def _cmd_eval_pdfs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_probe_reading(args: argparse.Namespace) -> int:
+    from tools import reading_probe
+
+    rows = reading_probe.probe(args.model, args.out, args.sources, args.per_kind, args.seed, args.device,
+                               progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(reading_probe.summarize(rows))
+    return EXIT_OK
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
@@ -270,7 +288,8 @@ def _cmd_prefill_distributed(args: argparse.Namespace) -> int:
     return prefill_distributed(args)
 
 
-COMMANDS = {"eval": _cmd_eval, "eval-data": _cmd_eval_data, "eval-pdfs": _cmd_eval_pdfs, "bench": _cmd_bench,
+COMMANDS = {"eval": _cmd_eval, "eval-data": _cmd_eval_data, "eval-pdfs": _cmd_eval_pdfs,
+            "probe-reading": _cmd_probe_reading, "bench": _cmd_bench,
             "make-random-model": _cmd_make_random_model, "prefill-distributed": _cmd_prefill_distributed,
             "replicas-config": _cmd_replicas_config}
 

@@ -42,12 +42,20 @@ def _positive(kind):
 
 
 def non_negative_int(text: str) -> int:
+    return _whole_number_at_least(text, 0)
+
+
+def positive_int(text: str) -> int:
+    return _whole_number_at_least(text, 1)
+
+
+def _whole_number_at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be {least} or more, not {text}")
     return value
 
 

@@ -1,0 +1,142 @@
+"""`docqa-tools probe-reading`: does the model read a passage it is given, question by question kind?
+
+eval-pdfs' hand-written questions are few (89) and mix two failures: a passage not found and a
+passage not read. This probe asks many questions made by rule from the PDFs' own sentences and
+reads each over its own context alone (the app's prefill of that context as a document, every
+chunk chosen: `pdf_questions.read_passage_alone`), so only reading is measured, split by kind:
+
+- `rule, training wording` / `rule, held-out wording`: training.sentence_questions' rules (a
+  sentence shape such as "The default X is Y." asked as "What is the default X?"), in the first of
+  the rule's training wordings and in its held-out wording (never trained on);
+- `cloze`: training.cloze_questions (a number, identifier, name or quoted term of any sentence of
+  prose blanked and asked in noised words);
+
+and by document source: a held-out PDF's text is not in the training corpus, a seen one's is.
+The rule and cloze kinds share their templates with training tasks, so a model can pass them by
+learning the templates: they say whether reading transfers to new documents, and eval-pdfs'
+hand-written questions whether it transfers to people's wording. Right: the answer holds the
+expected span as whole words (`pdf_questions.holds_answer`, as eval-pdfs scores).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from engine.method.sentences import split_sentences
+from tools.pdf_questions import SOURCES, PdfSource, holds_answer, read_passage_alone, read_pdf
+from training.cloze_questions import cloze_example
+from training.sentence_questions import context_window, questions_for
+
+KINDS = ("rule, training wording", "rule, held-out wording", "cloze")
+CONTEXT_CHARS = 450  # a question's context, as the training tasks cut it: it fits one chunk
+MIN_PARAGRAPH_CHARS = 80  # shorter blocks of a PDF's text are headings, page numbers, table cells
+
+
+@dataclass(frozen=True)
+class ProbeQuestion:
+    source: str
+    kind: str  # one of KINDS
+    passage: str  # the question's sentence with its neighbours, read alone
+    question: str
+    answer: str  # a span of `passage`
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    source: str
+    held_out: bool
+    kind: str
+    question: str
+    answer: str
+    shown: str
+    right: bool
+
+
+def paragraphs(text: str) -> list[str]:
+    """Pure: the blank-line-separated blocks of a document's text of at least MIN_PARAGRAPH_CHARS,
+    their lines joined (a PDF's lines end mid-sentence)."""
+    return [" ".join(block.split()) for block in text.split("\n\n") if len(block.strip()) >= MIN_PARAGRAPH_CHARS]
+
+
+def probe_questions(source: str, text: str, per_kind: int, rng: random.Random) -> list[ProbeQuestion]:
+    """Pure given `rng`: up to `per_kind` questions of each kind from `text`'s paragraphs, taken in
+    an order drawn by `rng`; a rule question is asked in both wordings of the same sentence, so the
+    two wordings' scores differ by wording alone."""
+    paras = paragraphs(text)
+    rng.shuffle(paras)
+    rule: list[ProbeQuestion] = []
+    cloze: list[ProbeQuestion] = []
+    for para in paras:
+        if len(rule) >= 2 * per_kind and len(cloze) >= per_kind:
+            break
+        sents = split_sentences(para)
+        for i, sentence in enumerate(sents):
+            for q in questions_for(sentence):
+                if len(rule) >= 2 * per_kind:
+                    break
+                lo, hi = context_window(sents, i, CONTEXT_CHARS)
+                passage = " ".join(sents[lo:hi])
+                rule.append(ProbeQuestion(source, KINDS[0], passage, q.questions[0], q.answer))
+                rule.append(ProbeQuestion(source, KINDS[1], passage, q.questions[-1], q.answer))
+        if len(cloze) < per_kind and (made := cloze_example(para, rng, CONTEXT_CHARS)) is not None:
+            cloze.append(ProbeQuestion(source, KINDS[2], made.context, made.question, made.answer))
+    return rule + cloze
+
+
+def summarize(rows: list[ProbeRow]) -> str:
+    """A markdown table: right / asked per kind, held-out sources first, then seen."""
+    lines = ["| sources | " + " | ".join(KINDS) + " |", "|---|" + "---|" * len(KINDS)]
+    for held_out, label in ((True, "held-out"), (False, "seen")):
+        cells = []
+        for kind in KINDS:
+            picked = [r for r in rows if r.held_out == held_out and r.kind == kind]
+            right = sum(r.right for r in picked)
+            cells.append(f"{right}/{len(picked)} ({right / len(picked):.0%})" if picked else "-")
+        if any(c != "-" for c in cells):
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def probe(model_dir: Path, out_dir: Path, only: Iterable[str] | None = None, per_kind: int = 25, seed: int = 11,
+          device: str | None = None, sources: dict[str, PdfSource] = SOURCES,
+          progress: Callable[[str], None] = print) -> list[ProbeRow]:
+    """Draws the questions from each source's PDF (`only` these, if given), reads each over its
+    passage alone with the model in `model_dir` through a fresh app (a temporary library, removed
+    after), and writes rows.jsonl, summary.md and meta.json under `out_dir`."""
+    from app.ingest import extract_pdf
+    from app.service import DocQA, ServiceConfig
+
+    names = list(only) if only else list(sources)
+    unknown = sorted(set(names) - set(sources))
+    if unknown:
+        raise ValueError(f"unknown source(s) {', '.join(unknown)}; choose from {', '.join(sources)}")
+    rng = random.Random(seed)
+    asked = [q for name in names
+             for q in probe_questions(name, extract_pdf(read_pdf(sources[name])).text, per_kind, rng)]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    library = Path(tempfile.mkdtemp(prefix="docqa-probe-reading-"))
+    rows = []
+    try:
+        service = DocQA(ServiceConfig(data_dir=library, model_dir=model_dir, device=device))
+        try:
+            for n, q in enumerate(asked, 1):
+                shown = read_passage_alone(service, q.question, q.passage)
+                rows.append(ProbeRow(q.source, sources[q.source].held_out, q.kind, q.question, q.answer, shown,
+                                     holds_answer(shown, [q.answer])))
+                progress(f"[{n}/{len(asked)}] {q.source} {q.kind}: {'right' if rows[-1].right else 'wrong'}")
+            device_name = str(service.engine.device)
+        finally:
+            service.close()
+    finally:
+        shutil.rmtree(library, ignore_errors=True)
+    (out_dir / "rows.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
+    (out_dir / "summary.md").write_text(summarize(rows) + "\n")
+    meta = {"model": str(model_dir), "sources": names, "per_kind": per_kind, "seed": seed, "device": device_name}
+    (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return rows

@@ -36,7 +36,7 @@ def test_rule_questions_come_in_both_wordings_of_one_sentence_and_answers_lie_in
     for q in asked:
         assert q.source == "manual" and q.answer in q.passage and len(q.passage) <= rp.CONTEXT_CHARS
     rule = [q for q in asked if q.kind != "cloze"]
-    for trained, held_out in zip(rule[::2], rule[1::2]):  # the same sentence, the two wordings
+    for trained, held_out in zip(rule[::2], rule[1::2], strict=True):  # the same sentence, the two wordings
         assert (trained.passage, trained.answer) == (held_out.passage, held_out.answer)
         assert trained.question != held_out.question
     assert any(q.answer == "8080" for q in rule) and any(q.answer == "64 megabytes" for q in rule)

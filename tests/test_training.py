@@ -637,6 +637,19 @@ def test_cloze_questions_ask_for_the_blank_in_the_sentences_words():
         "Added handling for the what charset?")
     by = "The manual was written by Thomas Leonard in his spare time."
     assert "by whom" in cloze_question(by, blanks(by)[0], random.Random(0), noised=False)
+    # What a copula says of a subject is asked in the order people ask it; each in its own clause.
+    two = "The default weight value is 50, and the maximum is 100."
+    assert [cloze_question(two, b, random.Random(0), noised=False) for b in blanks(two)] == [
+        "What is the default weight value?", "What is the maximum?"]
+    who = "The maintainer of the package is Bart Van Assche."
+    assert cloze_question(who, blanks(who)[0], random.Random(0), noised=False) == "Who is the maintainer of the package?"
+    deictic = "Its maximum size is 30,000,000 entries."  # "its" points outside the sentence: not a subject
+    assert cloze_question(deictic, blanks(deictic)[0], random.Random(0), noised=False) == (
+        "Its maximum size is how many entries?")
+    port = "The default port is 8080 for every new installation."
+    asked = {cloze_question(port, blanks(port)[0], random.Random(seed)) for seed in range(40)}
+    assert any(q.startswith("What is ") for q in asked) and any(" is what " in q for q in asked)  # both orders
+    assert all("port" in q and "8080" not in q for q in asked)  # the subject's last word is kept
     rng = random.Random(3)
     noised = {cloze_question(sentence, blanks(sentence)[0], rng) for _ in range(40)}
     assert len(noised) > 5 and all(" what " in q or q.startswith("What ") for q in noised)

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from engine.method.sentences import split_sentences
-from training.sentence_questions import context_window
+from training.sentence_questions import NOT_A_SUBJECT_START, context_window
 
 # Candidate answers, each a whole word or run of words, tried in this order (an earlier kind's span
 # wins an overlap): numbers with their unit or percent sign, identifiers, names, quoted terms.
@@ -40,7 +40,7 @@ _OPENING, _CLOSING = "\u2018'\"\u201c(", "\u2019'\"\u201d)"
 KINDS = ("number", "identifier", "name", "quoted")
 # Capitals that are a heading or a requirement keyword (RFC 2119), not a thing a question asks for.
 _NOT_AN_ACRONYM = frozenset("""MAY MUST SHALL SHOULD NOT REQUIRED RECOMMENDED OPTIONAL NAME SYNOPSIS DESCRIPTION
-OPTIONS NOTE NOTES WARNING TODO AND OR SEE ALSO BUGS AUTHOR AUTHORS FILES EXAMPLES""".split())
+OPTIONS NOTE NOTES WARNING AND OR SEE ALSO BUGS AUTHOR AUTHORS FILES EXAMPLES""".split())
 # A sentence of prose: no markup, code or cross-reference syntax (info's "*note", Texinfo, roff
 # leftovers, assignments), mostly plain words.
 _NOT_PROSE = re.compile(r"[*\\{}=|`#@]|::|---|\(\s|\s\)|\.\.\.|\(merge ")
@@ -51,6 +51,11 @@ MIN_WORDS, MAX_WORDS = 6, 45  # sentences outside this length ask nothing (headi
 WINDOW_WORDS = (6, 12)  # words kept on each side of the blank: fewest, most
 DROP_SHARE = 0.1  # each other word of a noised question is dropped with this probability
 SWAP_SHARE = 0.5  # each word with a listed same-meaning word is swapped with this probability
+# Of the questions that can be put in the order people ask them ("What is the default port?" rather
+# than "The default port is what?"), this share is; the rest keep the sentence's order.
+FRONTED_SHARE = 0.7
+_COPULAS = frozenset({"is", "are", "was", "were"})
+_SUBJECT_WORDS = (1, 8)  # a fronted question's subject: fewest and most words
 
 # Words of technical prose and what a user might type instead (both ways where it reads right).
 _SAME_MEANING = {
@@ -152,21 +157,67 @@ def _swap_same_meaning(words: list[str], rng: random.Random) -> list[str]:
     return text.split()
 
 
+def _clause_before(words: list[str]) -> list[str]:
+    """The words after the last one that ends a clause (a comma, semicolon or colon)."""
+    for i in range(len(words) - 1, -1, -1):
+        if words[i].endswith((",", ";", ":")):
+            return words[i + 1:]
+    return words
+
+
+def _fronted(sentence: str, start: int, end: int, blank: Blank) -> tuple[list[str], list[str], list[str]] | None:
+    """Where the blank is what a copula says of its clause's subject ("The default port is 8080
+    for new installs."), the question in the order people ask it, as (the wh-word and the copula,
+    the subject, the rest of the clause): (["What", "is"], ["the", "default", "port"], ["for",
+    "new", "installs"]); None for any other blank."""
+    if _wh_phrase(sentence, blank) != "what" or blank.kind == "quoted":
+        return None
+    before = _clause_before(sentence[:start].split())
+    if len(before) < 2 or before[-1].lower() not in _COPULAS:
+        return None
+    subject = before[:-1]
+    if subject[0].lower() in ("and", "but", "or", "while", "whereas"):
+        subject = subject[1:]
+    fewest, most = _SUBJECT_WORDS
+    if not fewest <= len(subject) <= most or subject[0].lower() in NOT_A_SUBJECT_START:
+        return None
+    if subject[0] in ("The", "A", "An"):
+        subject = [subject[0].lower(), *subject[1:]]
+    rest = sentence[end:]
+    after = [] if rest[:1] in ",;:)" else rest.rstrip(" .;:!?").split()
+    for i, w in enumerate(after):
+        if w.endswith((",", ";", ":")):
+            after = after[:i]
+            break
+    wh = "Who" if blank.kind == "name" else "What"
+    return [wh, before[-1].lower()], subject, after[:WINDOW_WORDS[1]]
+
+
+def _noised(words: list[str], rng: random.Random) -> list[str]:
+    """Words swapped for words of the same meaning, then droppable ones dropped (DROP_SHARE)."""
+    return [w for w in _swap_same_meaning(words, rng) if w.lower() not in _DROPPABLE or rng.random() >= DROP_SHARE]
+
+
 def cloze_question(sentence: str, blank: Blank, rng: random.Random, noised: bool = True) -> str:
-    """`sentence` asked about `blank`: the blank replaced by its wh-phrase, a window of words
-    around it; `noised`: words dropped and swapped for words of the same meaning."""
-    wh = _wh_phrase(sentence, blank)
+    """`sentence` asked about `blank`: in the order people ask it where the blank is what a copula
+    says of a subject (`_fronted`; always when not `noised`, else FRONTED_SHARE of the time), else
+    the blank replaced by its wh-phrase in a window of words around it; `noised`: words dropped and
+    swapped for words of the same meaning."""
     # The blank's quotes go with it ("set 'argtypes' for" -> "set what for"), nested ones too ("‘'x'’").
     start, end = blank.start, blank.end
     while start > 0 and end < len(sentence) and sentence[start - 1] in _OPENING and sentence[end] in _CLOSING:
         start, end = start - 1, end + 1
+    fronted = _fronted(sentence, start, end, blank)
+    if fronted is not None and (not noised or rng.random() < FRONTED_SHARE):
+        head, subject, after = fronted
+        if noised:  # the subject's last word stays: it names what is asked ("the default port")
+            subject = _noised(subject[:-1], rng) + subject[-1:]
+            after = _noised(after, rng)
+        return " ".join([*head, *subject, *after]).rstrip(",;:") + "?"
+    wh = _wh_phrase(sentence, blank)
     before = sentence[:start].split()
     after = sentence[end:].rstrip(" .;:!?").split()
-    # The blank's clause only: a comma or semicolon before it ends what the question needs.
-    for i in range(len(before) - 1, -1, -1):
-        if before[i].endswith((",", ";", ":")):
-            before = before[i + 1:]
-            break
+    before = _clause_before(before)  # the blank's clause only: what a comma ends, the question needs not
     for i, w in enumerate(after):
         if w.endswith((",", ";", ":")) and i >= 1:
             after = after[:i + 1]

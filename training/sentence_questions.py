@@ -164,7 +164,7 @@ class SentenceQuestion:
 # one opening with a conjunction ("If the value is set to 60") is a clause, not a subject.
 _DEICTIC = {"it", "its", "this", "that", "these", "those", "they", "them", "their", "there", "here", "such", "which",
             "each", "he", "she", "we", "you", "your", "our", "one", "another", "other", "same"}
-_NOT_A_SUBJECT_START = _DEICTIC | {"if", "when", "whenever", "but", "and", "or", "so", "because", "while", "although",
+NOT_A_SUBJECT_START = _DEICTIC | {"if", "when", "whenever", "but", "and", "or", "so", "because", "while", "although",
                                    "since", "once", "after", "before", "unless", "whether", "where", "then", "also",
                                    "now", "however", "thus", "hence", "note", "any", "all", "some", "every", "no",
                                    "most", "many", "both", "either", "neither"}
@@ -184,7 +184,7 @@ def _asks_something(rule: str, subject: str, answer: str) -> bool:
     words, answer_words = subject.lower().split(), answer.lower().split()
     if rule == "option_does":  # the "subject" is the option's description, checked by its rule
         return bool(words and answer_words)
-    if not words or not answer_words or words[0] in _NOT_A_SUBJECT_START:
+    if not words or not answer_words or words[0] in NOT_A_SUBJECT_START:
         return False
     if set(words[1:]) & _NOT_IN_A_SUBJECT or set(answer_words) & _NOT_IN_AN_ANSWER:
         return False

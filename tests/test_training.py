@@ -642,10 +642,16 @@ def test_cloze_questions_ask_for_the_blank_in_the_sentences_words():
     assert [cloze_question(two, b, random.Random(0), noised=False) for b in blanks(two)] == [
         "What is the default weight value?", "What is the maximum?"]
     who = "The maintainer of the package is Bart Van Assche."
-    assert cloze_question(who, blanks(who)[0], random.Random(0), noised=False) == "Who is the maintainer of the package?"
+    assert cloze_question(who, blanks(who)[0], random.Random(0), noised=False) == (
+        "Who is the maintainer of the package?")
     deictic = "Its maximum size is 30,000,000 entries."  # "its" points outside the sentence: not a subject
     assert cloze_question(deictic, blanks(deictic)[0], random.Random(0), noised=False) == (
         "Its maximum size is how many entries?")
+    verbs = ["The library uses CRC-32C for checksums.", "The tool prints 72 columns by default.",
+             "The limit is 100 files per directory.", "It uses CRC-32C for checksums."]
+    assert [cloze_question(v, blanks(v)[0], random.Random(0), noised=False) for v in verbs] == [
+        "What does the library use for checksums?", "How many columns does the tool print by default?",
+        "The limit is how many files per directory?", "It uses what for checksums?"]
     port = "The default port is 8080 for every new installation."
     asked = {cloze_question(port, blanks(port)[0], random.Random(seed)) for seed in range(40)}
     assert any(q.startswith("What is ") for q in asked) and any(" is what " in q for q in asked)  # both orders

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from engine.method.sentences import split_sentences
-from training.sentence_questions import NOT_A_SUBJECT_START, context_window
+from training.sentence_questions import NOT_A_SUBJECT_START, OPTION_VERBS, base_form, context_window
 
 # Candidate answers, each a whole word or run of words, tried in this order (an earlier kind's span
 # wins an overlap): numbers with their unit or percent sign, identifiers, names, quoted terms.
@@ -55,6 +55,7 @@ SWAP_SHARE = 0.5  # each word with a listed same-meaning word is swapped with th
 # than "The default port is what?"), this share is; the rest keep the sentence's order.
 FRONTED_SHARE = 0.7
 _COPULAS = frozenset({"is", "are", "was", "were"})
+_PLURAL_AFTER = re.compile(r" ((?:[a-z]+ ){0,2}[a-z]+s)\b")  # up to three words, the last plural
 _SUBJECT_WORDS = (1, 8)  # a fronted question's subject: fewest and most words
 
 # Words of technical prose and what a user might type instead (both ways where it reads right).
@@ -139,12 +140,19 @@ def _wh_phrase(sentence: str, blank: Blank) -> str:
     data streams"), "whom" after "by" for a name, else "what"."""
     before = sentence[:blank.start].split()
     prev = before[-1].lower() if before else ""
-    if blank.kind == "number" and sentence[blank.start:blank.end][-1].isdigit() \
-            and re.match(r" (?:[a-z]+ ){0,2}[a-z]+s\b", sentence[blank.end:]):
+    if _counted_noun(sentence, blank):
         return "how many"
     if blank.kind == "name" and prev == "by":
         return "whom"
     return "what"
+
+
+def _counted_noun(sentence: str, blank: Blank) -> str:
+    """The plural noun phrase a number blank counts ("3 data streams" -> "data streams"), else ""."""
+    if blank.kind != "number" or not sentence[blank.start:blank.end][-1].isdigit():
+        return ""
+    m = _PLURAL_AFTER.match(sentence, blank.end)
+    return m.group(1) if m else ""
 
 
 def _swap_same_meaning(words: list[str], rng: random.Random) -> list[str]:
@@ -167,13 +175,24 @@ def _clause_before(words: list[str]) -> list[str]:
 
 def _fronted(sentence: str, start: int, end: int, blank: Blank) -> tuple[list[str], list[str], list[str]] | None:
     """Where the blank is what a copula says of its clause's subject ("The default port is 8080
-    for new installs."), the question in the order people ask it, as (the wh-word and the copula,
-    the subject, the rest of the clause): (["What", "is"], ["the", "default", "port"], ["for",
-    "new", "installs"]); None for any other blank."""
-    if _wh_phrase(sentence, blank) != "what" or blank.kind == "quoted":
+    for new installs.") or the object right after a known verb in the third person ("The library
+    uses CRC-32C for checksums.", "The tool prints 72 columns by default."), the question in the
+    order people ask it, as (its head, the subject, the rest of the clause): (["What", "is"],
+    ["the", "default", "port"], ["for", "new", "installs"]), (["What", "does"], ["the", "library",
+    "use"], ["for", "checksums"]), (["How", "many", "columns", "does"], ["the", "tool", "print"],
+    ["by", "default"]); None for any other blank."""
+    counted = _counted_noun(sentence, blank)
+    if blank.kind == "quoted" or (_wh_phrase(sentence, blank) != "what" and not counted):
         return None
     before = _clause_before(sentence[:start].split())
-    if len(before) < 2 or before[-1].lower() not in _COPULAS:
+    if len(before) < 2:
+        return None
+    verb = before[-1]
+    if verb.lower() in _COPULAS and not counted:  # "How many files is the limit?" is not how people ask
+        head_verb, tail = verb.lower(), []
+    elif verb.islower() and verb.endswith("s") and base_form(verb) in OPTION_VERBS and base_form(verb) != verb:
+        head_verb, tail = "does", [base_form(verb)]
+    else:
         return None
     subject = before[:-1]
     if subject[0].lower() in ("and", "but", "or", "while", "whereas"):
@@ -183,14 +202,14 @@ def _fronted(sentence: str, start: int, end: int, blank: Blank) -> tuple[list[st
         return None
     if subject[0] in ("The", "A", "An"):
         subject = [subject[0].lower(), *subject[1:]]
-    rest = sentence[end:]
+    rest = sentence[end + (len(counted) + 1 if counted else 0):]
     after = [] if rest[:1] in ",;:)" else rest.rstrip(" .;:!?").split()
     for i, w in enumerate(after):
         if w.endswith((",", ";", ":")):
             after = after[:i]
             break
-    wh = "Who" if blank.kind == "name" else "What"
-    return [wh, before[-1].lower()], subject, after[:WINDOW_WORDS[1]]
+    wh = ["How", "many", *counted.split()] if counted else ["Who" if blank.kind == "name" else "What"]
+    return [*wh, head_verb], subject + tail, after[:WINDOW_WORDS[1]]
 
 
 def _noised(words: list[str], rng: random.Random) -> list[str]:
@@ -210,7 +229,7 @@ def cloze_question(sentence: str, blank: Blank, rng: random.Random, noised: bool
     fronted = _fronted(sentence, start, end, blank)
     if fronted is not None and (not noised or rng.random() < FRONTED_SHARE):
         head, subject, after = fronted
-        if noised:  # the subject's last word stays: it names what is asked ("the default port")
+        if noised:  # the last word stays: the verb, or the subject's noun that names what is asked
             subject = _noised(subject[:-1], rng) + subject[-1:]
             after = _noised(after, rng)
         return " ".join([*head, *subject, *after]).rstrip(",;:") + "?"

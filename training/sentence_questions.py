@@ -46,7 +46,7 @@ _OPTION = r"-{1,2}[A-Za-z0-9?][\w-]*(?:=\S+|\[=[^\]]+\]| <[^>]+>| [A-Z][A-Z_]+\b
 # Verbs an option's description opens with ("Print the version", "Prints the version", "do not
 # ignore entries"): a description that opens otherwise ("Deprecated option", "Same as -k", "FILE
 # exists") tells no action to ask about.
-_OPTION_VERBS = frozenset("""
+OPTION_VERBS = frozenset("""
     abort accept add allow append apply ask assume attempt avoid be build call cause change check
     choose clear collect compare compile compress configure connect consider continue convert copy
     count create decode decompress decrease define delete dereference describe detach determine
@@ -69,9 +69,9 @@ _OPTION_VERBS = frozenset("""
 _DANGLING = frozenset("a an the to of with for in on by from and or as at into than".split())
 
 
-def _base_form(verb: str) -> str:
+def base_form(verb: str) -> str:
     """"prints" -> "print", "specifies" -> "specify", "does" -> "do"; a base form is returned as is."""
-    if verb in _OPTION_VERBS:
+    if verb in OPTION_VERBS:
         return verb
     for third, base in (("doesn't", "don't"), ("does", "do"), ("ies", "y"), ("sses", "ss"), ("shes", "sh"),
                         ("ches", "ch"), ("xes", "x"), ("s", "")):
@@ -95,8 +95,8 @@ def _option_action(groups: dict[str, str]) -> dict[str, str] | None:
     """An option description's action in the base form ("print the author") and the third person
     ("prints the author"), or None where it does not open with a known verb."""
     first, _, rest = groups["x"].strip().partition(" ")
-    base = _base_form(first.lower())
-    if base not in _OPTION_VERBS or not rest or rest.split()[-1].lower() in _DANGLING:
+    base = base_form(first.lower())
+    if base not in OPTION_VERBS or not rest or rest.split()[-1].lower() in _DANGLING:
         return None
     # "print the version and exit": the idiom's second verb agrees too ("prints ... and exits").
     third_rest = rest[: -len(" and exit")] + " and exits" if rest.endswith(" and exit") else rest

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from app.defaults import BUNDLED_MODEL, ModelDefaults, answer_params, model_defaults, prefilter_for
-from app.grounding import Passage, answer_in_passages
+from app.grounding import Passage, grounded_answer
 from app.ingest import IngestError, extract
 from app.jobs import JobProgress, progress_of
 from app.kv_service import DocumentKVService
@@ -204,12 +204,16 @@ def answer_warning(text: str, citations: list[Citation], best_score: float, weak
     """Pure: the answer as shown and the warning it carries, if any. The model's abstain answer
     ("not found" for the bundled model, trained to say so) shows as no answer with a warning; an
     answer none of the passages contains, from a model that copies its answers (`extractive`), is
-    flagged; else a best score below `weak_score` warns that the documents may not hold the answer."""
+    shown as the passages' span it was copying where one is close (`closest_span`: a garbled copy),
+    else flagged; then a best score below `weak_score` warns that the documents may not hold the
+    answer."""
     if abstain_answer and abstains(text, abstain_answer):
         return "", NOT_FOUND_WARNING
-    if extractive and not answer_in_passages(text, [Passage(c.document_id, c.char_start, c.char_end, c.text)
-                                                    for c in citations]):
-        return text, UNGROUNDED_WARNING
+    if extractive:
+        shown = grounded_answer(text, [Passage(c.document_id, c.char_start, c.char_end, c.text) for c in citations])
+        if shown is None:
+            return text, UNGROUNDED_WARNING
+        text = shown
     if weak_score is not None and best_score < weak_score:
         return text, ("The documents may not contain this: no passage explains the question well "
                       f"(best score {best_score:.2f}, below {weak_score:.2f}).")

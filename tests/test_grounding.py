@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.grounding import Passage, answer_in_passages, answer_items, joined_passages
+from app.grounding import Passage, answer_in_passages, answer_items, closest_span, joined_passages
 
 
 def _p(text: str, start: int = -1, document: str = "d1") -> Passage:
@@ -42,6 +42,25 @@ def test_passages_that_follow_each_other_are_read_as_one_text():
     assert not answer_in_passages("Kofi Farouk", other_document)
 
 
+def test_a_garbled_copy_is_the_span_it_was_copying_and_nothing_else_is():
+    """A few characters of a long copy wrong: the passage's own span; a value of the same kind that
+    is not there, a changed digit, a short answer or a sentence: no span."""
+    passages = [_p("Helgrind is a thread error detector. Pass --zero-before=function to zero costs."),
+                _p("The timeout is 100 milliseconds, and CRC-32C is the checksum (see 'ms_print').")]
+    assert closest_span("a thread error Silector", passages) == "a thread error detector"
+    assert closest_span("--zero-bables=function", passages) == "--zero-before=function"
+    assert closest_span("100 millisecnds", passages) == "100 milliseconds"
+    assert closest_span("CRC-32X", passages) == "CRC-32C"
+    assert closest_span("ms_prin", passages) == "ms_print"  # the span's outer quotes and bracket dropped
+    assert closest_span("1000 milliseconds", passages) is None  # never another number
+    assert closest_span("CRC-23C", passages) is None
+    assert closest_span("a heap profiler", passages) is None  # nothing like it
+    assert closest_span("CRC-3", passages) is None  # too short to say what it copied
+    assert closest_span("", passages) is None
+    sentence = "Helgrind is a thread error detector that finds data races in programs using POSIX threads very well"
+    assert closest_span(sentence, passages) is None  # more than MAX_SPAN_WORDS words
+
+
 def test_the_app_flags_an_answer_its_passages_do_not_hold():
     """What the answer shows (app.service.answer_warning): "not found" as no answer with a
     warning; a made-up value from a copying model flagged, the same from another model not; a
@@ -54,6 +73,9 @@ def test_the_app_flags_an_answer_its_passages_do_not_hold():
     shown, warning = answer_warning("Belgium", citations, -0.4, -1.5, True, "not found")
     assert shown == "Belgium" and "none of the chosen passages contains it" in warning
     assert answer_warning("Belgium", citations, -0.4, -1.5, False, "not found") == ("Belgium", None)
+    # A garbled copy from a copying model shows as the passage's span, unflagged; not from another model.
+    assert answer_warning("the Hesk regata", citations, -0.4, -1.5, True, "not found") == ("the Hesk regatta", None)
+    assert answer_warning("the Hesk regata", citations, -0.4, -1.5, False, "not found") == ("the Hesk regata", None)
     shown, warning = answer_warning("Not found.", citations, -0.4, -1.5, True, "not found")
     assert shown == "" and warning.startswith("Not found")
     # A model with no abstain answer: "not found" is an answer like any other (here, not in the passage).

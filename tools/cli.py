@@ -9,7 +9,7 @@ from pathlib import Path
 
 from app.defaults import BUNDLED_MODEL
 from storage.kv_codec import DEFAULT_KV_ENCODING, KV_ENCODINGS
-from ui.cli import EXIT_OK, EXIT_USAGE, non_negative_int, positive_int, run
+from ui.cli import EXIT_OK, EXIT_USAGE, non_negative_int, positive, run
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -74,7 +74,7 @@ def _build_parser() -> argparse.ArgumentParser:
                                               "read over its passage alone: reading by question kind and source")
     pr.add_argument("--model", type=Path, default=BUNDLED_MODEL)
     pr.add_argument("--sources", nargs="+", default=None, help="only these sources (default: every eval-pdfs source)")
-    pr.add_argument("--per-kind", type=positive_int, default=25, help="questions of each kind per source")
+    pr.add_argument("--per-kind", type=positive(int), default=25, help="questions of each kind per source")
     pr.add_argument("--seed", type=int, default=11, help="draws which sentences are asked")
     pr.add_argument("--device", default=None)
     pr.add_argument("--out", type=Path, default=Path("probe-reading-out"))

@@ -222,8 +222,8 @@ def _noised(words: list[str], rng: random.Random) -> list[str]:
 
 
 def cloze_question(sentence: str, blank: Blank, rng: random.Random, noised: bool = True) -> str:
-    """`sentence` asked about `blank`: in the order people ask it where the blank is what a copula
-    says of a subject (`_fronted`; always when not `noised`, else FRONTED_SHARE of the time), else
+    """`sentence` asked about `blank`: in the order people ask it where `_fronted` can put it so
+    (always when not `noised`, else FRONTED_SHARE of the time), else
     the blank replaced by its wh-phrase in a window of words around it; `noised`: words dropped and
     swapped for words of the same meaning."""
     # The blank's quotes go with it ("set 'argtypes' for" -> "set what for"), nested ones too ("‘'x'’").

@@ -29,7 +29,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
 
 
-def _positive(kind):
+def positive(kind):
     def parse(text: str):
         try:
             value = kind(text)
@@ -42,28 +42,20 @@ def _positive(kind):
 
 
 def non_negative_int(text: str) -> int:
-    return _whole_number_at_least(text, 0)
-
-
-def positive_int(text: str) -> int:
-    return _whole_number_at_least(text, 1)
-
-
-def _whole_number_at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < least:
-        raise argparse.ArgumentTypeError(f"must be {least} or more, not {text}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
     return value
 
 
 def _add_question_limits(p: argparse.ArgumentParser) -> None:
     """Overrides of ServiceConfig's limits (None keeps its defaults)."""
-    p.add_argument("--max-question-tokens", type=_positive(int), default=None,
+    p.add_argument("--max-question-tokens", type=positive(int), default=None,
                    help="refuse longer questions (default 512)")
-    p.add_argument("--request-timeout", type=_positive(float), default=None,
+    p.add_argument("--request-timeout", type=positive(float), default=None,
                    help="seconds a question may hold the model before it is stopped (default 300)")
     p.add_argument("--prefilter-chunks", type=non_negative_int, default=None, metavar="M",
                    help="chunks the scorer sees, the best M by BM25; 0 scores every chunk (default: the model's; "

@@ -20,15 +20,27 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# How alike (difflib's ratio, 0-1, on normalized text) an answer and a passage's span must be for the
-# span to stand for the answer: on probe-reading's rows (journal, 2026-12-05) 0.75 mended every
-# garbled copy seen and changed no right answer; a wrong value of the same kind ("50" for "100")
-# is far below it.
+# How alike (difflib's ratio, 0-1, on normalized text) a garbled copy and the passage's span it
+# was copying are at least, as a whole and word by word. closest_span only runs on answers the
+# passages do not hold, so its risk is a wrong answer losing its warning: the span keeps the
+# answer's word count, its numbers and a likeness in every word ("not supported" never becomes
+# "supported", "1.2" never "12", "xz" never "lzma").
 SIMILAR_SPAN = 0.75
+SIMILAR_WORD = 0.5
+# A word may differ from its span's only where both are this long (garbles are in long copies;
+# "MB" / "ms" and "xz" / "gz" are different values), holds no digit ("CRC-32X" / "CRC-32C" and
+# "0xDEADBEEF" / "0xDEADBEEE" may be), and the two are no pair of opposites below.
+MIN_MENDED_WORD = 6
+_OPPOSITES = (("min", "max"), ("enabl", "disabl"), ("input", "output"), ("upper", "lower"), ("first", "last"),
+              ("before", "after"), ("increas", "decreas"), ("includ", "exclud"), ("allow", "den"),
+              ("import", "export"), ("encod", "decod"), ("encrypt", "decrypt"), ("compress", "decompress"),
+              ("read", "writ"), ("start", "stop"), ("open", "clos"), ("add", "remov"), ("load", "unload"),
+              ("lock", "unlock"), ("mount", "unmount"), ("sign", "unsign"), ("valid", "invalid"))
 MAX_SPAN_WORDS = 16  # longer answers are sentences, not copied values: they are left as written
 # Shorter answers are left as written: a character or two is most of them ("50" / "500").
 MIN_SPAN_CHARS = 6
-_SPAN_EDGES = " .,;:!?\"'()[]"
+_OUTER_PUNCTUATION = " .,;:!?\"'"
+_NUMBER = re.compile(r"\d+")
 # "A, B and C" / "A; B" / "A or B": the items of a list answer. A comma inside a number ("7,160")
 # has no space after it and stays.
 _ITEM_SEPARATORS = re.compile(r",\s+|;\s*|\s+(?:and|or|&)\s+")
@@ -56,7 +68,21 @@ def answer_items(answer: str) -> list[str]:
     """Pure: the answer's items, normalized, without their outer punctuation ("PDF, JSON and PNG."
     -> ["pdf", "json", "png"]; "7,160 euros" stays one)."""
     items = _ITEM_SEPARATORS.split(normalized(answer))
-    return [s for s in (item.strip(" .,;:!?\"'()[]") for item in items) if s]
+    return [s for s in (_unbracketed(item.strip(_OUTER_PUNCTUATION)) for item in items) if s]
+
+
+def _unbracketed(text: str) -> str:
+    """Pure: `text` without the outer punctuation, brackets and quotes around it, brackets only
+    where unmatched inside ("(see x" -> "see x"; "malloc()" stays)."""
+    while True:
+        before = text
+        text = text.strip(_OUTER_PUNCTUATION)
+        if text[:1] in "([" and text.count(")" if text[:1] == "(" else "]") < text.count(text[:1]):
+            text = text[1:]
+        if text[-1:] in ")]" and text.count("(" if text[-1:] == ")" else "[") < text.count(text[-1:]):
+            text = text[:-1]
+        if text == before:
+            return text
 
 
 def joined_passages(passages: Sequence[Passage]) -> list[str]:
@@ -82,33 +108,49 @@ def answer_in_passages(answer: str, passages: Sequence[Passage]) -> bool:
 
 
 def closest_span(answer: str, passages: Sequence[Passage]) -> str | None:
-    """Pure: the run of whole words of one of the passages (as written there, its outer
-    punctuation stripped) most like `answer`, of the answer's word count give or take one, with the
-    same digits in the same order (a number is never changed into another), when it is at least
-    SIMILAR_SPAN alike; else None, and for an answer shorter than MIN_SPAN_CHARS or longer than
-    MAX_SPAN_WORDS words. Ties go to the earlier span."""
-    target = normalized(answer).strip(_SPAN_EDGES)
-    n = len(target.split())
+    """Pure: the run of as many whole words of one of the passages as the answer has (as written
+    there, outer punctuation and unmatched brackets dropped) most like `answer`: with the same
+    numbers in the same order, at least SIMILAR_SPAN alike as a whole and SIMILAR_WORD word by word;
+    else None, and for an answer shorter than MIN_SPAN_CHARS or longer than MAX_SPAN_WORDS words.
+    Ties go to the earlier span."""
+    target = _unbracketed(normalized(answer))
+    target_words = target.split()
+    n = len(target_words)
     if len(target) < MIN_SPAN_CHARS or n > MAX_SPAN_WORDS:
         return None
-    digits = re.sub(r"\D", "", target)
+    numbers = _NUMBER.findall(target)
+    whole = difflib.SequenceMatcher(autojunk=False)
+    whole.set_seq2(target)  # difflib indexes the second sequence once
+    word = difflib.SequenceMatcher(autojunk=False)
     best, best_ratio = None, SIMILAR_SPAN
-    matcher = difflib.SequenceMatcher(autojunk=False)
-    matcher.set_seq2(target)  # difflib caches the second sequence's index
     for passage in passages:
-        words = passage.text.split()
-        for length in range(max(1, n - 1), n + 2):
-            for i in range(len(words) - length + 1):
-                span = " ".join(words[i:i + length]).strip(_SPAN_EDGES)
-                if re.sub(r"\D", "", span) != digits:
-                    continue
-                matcher.set_seq1(normalized(span))
-                if matcher.real_quick_ratio() < best_ratio or matcher.quick_ratio() < best_ratio:
-                    continue
-                ratio = matcher.ratio()
-                if ratio > best_ratio or (best is None and ratio >= best_ratio):
-                    best, best_ratio = span, ratio
+        raw = passage.text.split()
+        words = [_unbracketed(normalized(w)) for w in raw]  # each word normalized once
+        for i in range(len(words) - n + 1):
+            span = " ".join(words[i:i + n]).strip()
+            if _NUMBER.findall(span) != numbers:
+                continue
+            whole.set_seq1(span)
+            if whole.real_quick_ratio() < best_ratio or whole.quick_ratio() < best_ratio:
+                continue
+            ratio = whole.ratio()
+            if ratio < best_ratio or (best is not None and ratio == best_ratio):
+                continue
+            if all(_alike(word, a, b) for a, b in zip(target_words, words[i:i + n], strict=True)):
+                best, best_ratio = _unbracketed(" ".join(raw[i:i + n])), ratio
     return best
+
+
+def _alike(matcher: difflib.SequenceMatcher, a: str, b: str) -> bool:
+    """Whether the answer's word `a` may be a garbled copy of the passage's word `b`."""
+    if a == b:
+        return True
+    if min(len(a), len(b)) < MIN_MENDED_WORD or any(c.isdigit() for c in a + b):
+        return False
+    if any((x in a and y in b) or (y in a and x in b) for x, y in _OPPOSITES):
+        return False
+    matcher.set_seqs(a, b)
+    return matcher.ratio() >= SIMILAR_WORD
 
 
 def grounded_answer(answer: str, passages: Sequence[Passage]) -> str | None:

@@ -43,20 +43,24 @@ def test_passages_that_follow_each_other_are_read_as_one_text():
 
 
 def test_a_garbled_copy_is_the_span_it_was_copying_and_nothing_else_is():
-    """A few characters of a long copy wrong: the passage's own span; a value of the same kind that
-    is not there, a changed digit, a short answer or a sentence: no span."""
+    """A few characters of a long copy wrong: the passage's own span; an answer of another meaning,
+    another number or unit, another word count, a short answer or a sentence: no span."""
     passages = [_p("Helgrind is a thread error detector. Pass --zero-before=function to zero costs."),
-                _p("The timeout is 100 milliseconds, and CRC-32C is the checksum (see 'ms_print').")]
+                _p("The timeout is 100 milliseconds, and CRC-32C is the checksum (see 'ms_print'). "
+                   "Call malloc() first. It reads gzip, bzip2 and lzma archives; Windows is supported."),
+                _p("Release 12 is enabled by default, with --enable-foo; the maximum size is 100 ms of audio.")]
     assert closest_span("a thread error Silector", passages) == "a thread error detector"
     assert closest_span("--zero-bables=function", passages) == "--zero-before=function"
     assert closest_span("100 millisecnds", passages) == "100 milliseconds"
-    assert closest_span("CRC-32X", passages) == "CRC-32C"
     assert closest_span("ms_prin", passages) == "ms_print"  # the span's outer quotes and bracket dropped
-    assert closest_span("1000 milliseconds", passages) is None  # never another number
-    assert closest_span("CRC-23C", passages) is None
-    assert closest_span("a heap profiler", passages) is None  # nothing like it
-    assert closest_span("CRC-3", passages) is None  # too short to say what it copied
-    assert closest_span("", passages) is None
+    assert closest_span("mallocc()", passages) == "malloc()"  # its own brackets kept
+    assert closest_span("100 millisecnds", [_p("\uff11\uff10\uff10 milliseconds")]) == "\uff11\uff10\uff10 milliseconds"
+    for other in ("1000 milliseconds", "Release 1.2", "CRC-23C", "CRC-32X",  # numbers and what holds digits
+                  "100 MB",  # a short word: another unit
+                  "gzip, bzip2 and xz", "not supported",  # a word more, a word less, another value
+                  "disabled by default", "--disable-foo", "the minimum size",  # opposites
+                  "a heap profiler", "CRC-3", ""):  # nothing like it; too short to say what it copied
+        assert closest_span(other, passages) is None, other
     sentence = "Helgrind is a thread error detector that finds data races in programs using POSIX threads very well"
     assert closest_span(sentence, passages) is None  # more than MAX_SPAN_WORDS words
 

@@ -218,21 +218,20 @@ def read_passage_alone(service, question: str, passage: str, params=None) -> str
     """The model's answer over `passage` alone (the app's prefill of it as a document of its own,
     every chunk of it chosen), with `params` (default: the service's): what the model reads when
     selection is perfect, so a wrong answer here is the reader's, not the retrieval's. A copying
-    model's garbled copy is mended as the app mends it (`app.grounding.grounded_answer`)."""
+    model's garbled copy is mended as the app shows it (`app.service.answer_warning`)."""
     from dataclasses import replace
 
-    from app.grounding import Passage, grounded_answer
     from app.kv_service import prefill_text
-    from engine.method.reading import abstains
+    from app.service import Citation, answer_warning
 
     with service.scheduler.turn():  # the model between two of the scheduler's steps
         doc, _ = prefill_text(service.engine, passage, service.defaults.chunk_size)
         params = replace(params or service.params(), top_k=doc.num_chunks, auto_k=False)
         text = service.engine.answer(doc, question, params).text
-    abstain = service.defaults.abstain_answer
-    if service.defaults.extractive_answers and not (abstain and abstains(text, abstain)):
-        return grounded_answer(text, [Passage("passage", 0, len(passage), passage)]) or text
-    return text
+    shown, _ = answer_warning(text, [Citation("passage", "passage", 0, "", 0.0, passage, char_start=0,
+                                              char_end=len(passage))], 0.0, None,
+                              service.defaults.extractive_answers, service.defaults.abstain_answer)
+    return shown or text  # the model's "not found" as it said it
 
 
 def ask_all(service, questions: list[PdfQuestion], pdfs: dict[str, bytes], sources: dict[str, PdfSource] = SOURCES,

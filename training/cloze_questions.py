@@ -61,6 +61,22 @@ FRONTED_SHARE = 0.7
 _COPULAS = frozenset({"is", "are", "was", "were"})
 _PLURAL_AFTER = re.compile(r" ((?:[a-z]+ ){0,2}[a-z]+s)\b")  # up to three words, the last plural
 _SUBJECT_WORDS = (1, 8)  # a fronted question's subject: fewest and most words
+# A fronted question's subject opens with a determiner, or is one capitalised name ("Valgrind");
+# it holds no word that starts another clause or verb phrase ("The daemon listens on port 8080 and").
+_DETERMINERS = ("the", "a", "an")
+_NOT_IN_A_FRONTED_SUBJECT = _COPULAS | {"and", "or", "but", "has", "have", "had", "can", "will", "may", "must",
+                                        "should", "would", "could", "does", "do", "did", "not"}
+# The word after a fronted blank: it ends the blank's phrase ("8080 for new installs"); any other
+# ("8080 or 8443", "64 KB plus", "1 to 100") means the blank is part of a longer value.
+_AFTER_A_FRONTED_BLANK = frozenset("""for in on at by from with when if per since until under within during after
+before because unless while where which that so as""".split())
+# Whose value is a person: "Who is the maintainer?"; any other name is asked with "What".
+_PERSON_NOUNS = frozenset("""author authors maintainer maintainers developer developers creator creators founder
+founders inventor writer writers designer designers contributor contributors""".split())
+# Words ending in "s" that are no plural noun a number counts ("sets 9 as the default"), and
+# conjunctions ("port 8080 and uses TLS").
+_NOT_PLURAL = frozenset("""as is its this was has does his us thus plus less unless yes always sometimes perhaps
+across towards whereas besides and or but then""".split())
 
 # Words of technical prose and what a user might type instead (both ways where it reads right).
 _SAME_MEANING = {
@@ -156,7 +172,7 @@ def _counted_noun(sentence: str, blank: Blank) -> str:
     if blank.kind != "number" or not sentence[blank.start:blank.end][-1].isdigit():
         return ""
     m = _PLURAL_AFTER.match(sentence, blank.end)
-    return m.group(1) if m else ""
+    return m.group(1) if m and not set(m.group(1).split()) & _NOT_PLURAL else ""
 
 
 def _swap_same_meaning(words: list[str], rng: random.Random) -> list[str]:
@@ -177,6 +193,18 @@ def _clause_before(words: list[str]) -> list[str]:
     return words
 
 
+def _clause_after(rest: str) -> list[str]:
+    """The words of `rest` (what follows a blank) up to the first that ends a clause, that one's
+    punctuation dropped; none where `rest` opens with a clause's end ("NULL, and errno ...")."""
+    if rest.lstrip()[:1] in tuple(",;:)"):
+        return []
+    words = rest.rstrip(" .;:!?").split()
+    for i, w in enumerate(words):
+        if w.endswith((",", ";", ":")):
+            return words[:i] + [w.rstrip(",;:")]
+    return words
+
+
 def _fronted(sentence: str, start: int, end: int, blank: Blank) -> tuple[list[str], list[str], list[str]] | None:
     """Where the blank is what a copula says of its clause's subject ("The default port is 8080
     for new installs.") or the object right after a known verb in the third person ("The library
@@ -186,7 +214,7 @@ def _fronted(sentence: str, start: int, end: int, blank: Blank) -> tuple[list[st
     "use"], ["for", "checksums"]), (["How", "many", "columns", "does"], ["the", "tool", "print"],
     ["by", "default"]); None for any other blank."""
     counted = _counted_noun(sentence, blank)
-    if blank.kind == "quoted" or (_wh_phrase(sentence, blank) != "what" and not counted):
+    if blank.kind == "quoted" or (_wh_phrase(sentence, blank) == "whom"):
         return None
     before = _clause_before(sentence[:start].split())
     if len(before) < 2:
@@ -199,20 +227,20 @@ def _fronted(sentence: str, start: int, end: int, blank: Blank) -> tuple[list[st
     else:
         return None
     subject = before[:-1]
-    if subject[0].lower() in ("and", "but", "or", "while", "whereas"):
+    if subject[0].lower() in ("and", "but", "or", "while", "whereas"):  # "..., and the maximum is 100"
         subject = subject[1:]
     fewest, most = _SUBJECT_WORDS
-    if not fewest <= len(subject) <= most or subject[0].lower() in NOT_A_SUBJECT_START:
+    if not fewest <= len(subject) <= most or set(w.lower() for w in subject) & _NOT_IN_A_FRONTED_SUBJECT:
         return None
-    if subject[0] in ("The", "A", "An"):
+    if subject[0].lower() in _DETERMINERS:
         subject = [subject[0].lower(), *subject[1:]]
-    rest = sentence[end + (len(counted) + 1 if counted else 0):]
-    after = [] if rest[:1] in ",;:)" else rest.rstrip(" .;:!?").split()
-    for i, w in enumerate(after):
-        if w.endswith((",", ";", ":")):
-            after = after[:i]
-            break
-    wh = ["How", "many", *counted.split()] if counted else ["Who" if blank.kind == "name" else "What"]
+    elif len(subject) > 1 or not subject[0][:1].isupper() or subject[0].lower() in NOT_A_SUBJECT_START:
+        return None  # "By default the tool", "Running the command", "It": no subject to front
+    after = _clause_after(sentence[end + (len(counted) + 1 if counted else 0):])
+    if after and after[0].lower() not in _AFTER_A_FRONTED_BLANK:
+        return None
+    person = blank.kind == "name" and bool({w.lower() for w in subject} & _PERSON_NOUNS)
+    wh = ["How", "many", *counted.split()] if counted else ["Who" if person else "What"]
     return [*wh, head_verb], subject + tail, after[:WINDOW_WORDS[1]]
 
 
@@ -238,21 +266,14 @@ def cloze_question(sentence: str, blank: Blank, rng: random.Random, noised: bool
             after = _noised(after, rng)
         return " ".join([*head, *subject, *after]).rstrip(",;:") + "?"
     wh = _wh_phrase(sentence, blank)
-    before = sentence[:start].split()
-    after = sentence[end:].rstrip(" .;:!?").split()
-    before = _clause_before(before)  # the blank's clause only: what a comma ends, the question needs not
-    for i, w in enumerate(after):
-        if w.endswith((",", ";", ":")) and i >= 1:
-            after = after[:i + 1]
-            break
+    # The blank's clause only: what a comma ends, the question needs not.
+    before, after = _clause_before(sentence[:start].split()), _clause_after(sentence[end:])
     lo, hi = WINDOW_WORDS
     before = before[-rng.randint(lo, hi):] if noised else before
     after = after[:rng.randint(lo, hi)] if noised else after
     if noised:  # the words next to the blank stay ("how many data streams", "named what")
-        before = _swap_same_meaning(before, rng)
-        after = _swap_same_meaning(after, rng)
-        before = [w for w in before[:-1] if w.lower() not in _DROPPABLE or rng.random() >= DROP_SHARE] + before[-1:]
-        after = after[:1] + [w for w in after[1:] if w.lower() not in _DROPPABLE or rng.random() >= DROP_SHARE]
+        before = _noised(before[:-1], rng) + before[-1:]
+        after = after[:1] + _noised(after[1:], rng)
     if before and before[0].istitle() and before[0].isalpha() and before[0] != "I":  # "The", not "GNU"
         before[0] = before[0].lower()
     question = " ".join([*before, wh, *after]).rstrip(",;:")

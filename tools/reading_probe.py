@@ -77,6 +77,8 @@ def probe_questions(source: str, text: str, per_kind: int, rng: random.Random) -
             break
         sents = split_sentences(para)
         for i, sentence in enumerate(sents):
+            if len(sentence) > CONTEXT_CHARS:  # its context would not fit one chunk
+                continue
             for q in questions_for(sentence):
                 if len(rule) >= 2 * per_kind:
                     break
@@ -116,9 +118,9 @@ def probe(model_dir: Path, out_dir: Path, only: Iterable[str] | None = None, per
     unknown = sorted(set(names) - set(sources))
     if unknown:
         raise ValueError(f"unknown source(s) {', '.join(unknown)}; choose from {', '.join(sources)}")
-    rng = random.Random(seed)
-    asked = [q for name in names
-             for q in probe_questions(name, extract_pdf(read_pdf(sources[name])).text, per_kind, rng)]
+    # A generator per source, so that a source's questions do not depend on which others are asked.
+    asked = [q for name in names for q in probe_questions(name, extract_pdf(read_pdf(sources[name])).text,
+                                                          per_kind, random.Random(f"{seed}:{name}"))]
     out_dir.mkdir(parents=True, exist_ok=True)
     library = Path(tempfile.mkdtemp(prefix="docqa-probe-reading-"))
     rows = []

@@ -6,7 +6,7 @@ same packages directory?"; "processing 3 data streams in parallel" asks "process
 streams in parallel?". Where the blank is what a copula says of a subject, or a known verb's
 object, the question is put in the order people ask it: "The default port is 8080." -> "What is
 the default port?", "The tool prints 72 columns." -> "How many columns does the tool print?" (a
-share of the time; about 2% of the corpus's blanks stand so). The rules of
+share of the time; about 1% of the corpus's blanks stand so). The rules of
 training.sentence_questions cover a few sentence shapes (2,085 questions in the whole corpus); a
 blank can be put in almost any sentence that holds a number, a name or an identifier, so every
 relation a manual states becomes a question, in its own words.

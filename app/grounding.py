@@ -28,8 +28,8 @@ from dataclasses import dataclass
 SIMILAR_SPAN = 0.75
 SIMILAR_WORD = 0.5
 # A word may differ from its span's only where both are this long (garbles are in long copies;
-# "MB" / "ms" and "xz" / "gz" are different values), holds no digit ("CRC-32X" / "CRC-32C" and
-# "0xDEADBEEF" / "0xDEADBEEE" may be), and the two are no pair of opposites below.
+# "MB" / "ms" and "xz" / "gz" are different values), neither holds a digit ("CRC-32X" and
+# "CRC-32C" may name two things), and the two are no pair of opposites below.
 MIN_MENDED_WORD = 6
 _OPPOSITES = (("min", "max"), ("enabl", "disabl"), ("input", "output"), ("upper", "lower"), ("first", "last"),
               ("before", "after"), ("increas", "decreas"), ("includ", "exclud"), ("allow", "den"),
@@ -68,7 +68,7 @@ def answer_items(answer: str) -> list[str]:
     """Pure: the answer's items, normalized, without their outer punctuation ("PDF, JSON and PNG."
     -> ["pdf", "json", "png"]; "7,160 euros" stays one)."""
     items = _ITEM_SEPARATORS.split(normalized(answer))
-    return [s for s in (_unbracketed(item.strip(_OUTER_PUNCTUATION)) for item in items) if s]
+    return [s for s in (item.strip(_OUTER_PUNCTUATION + "()[]") for item in items) if s]
 
 
 def _unbracketed(text: str) -> str:

@@ -214,7 +214,7 @@ def _fronted(sentence: str, start: int, end: int, blank: Blank) -> tuple[list[st
     "use"], ["for", "checksums"]), (["How", "many", "columns", "does"], ["the", "tool", "print"],
     ["by", "default"]); None for any other blank."""
     counted = _counted_noun(sentence, blank)
-    if blank.kind == "quoted" or (_wh_phrase(sentence, blank) == "whom"):
+    if blank.kind == "quoted" or _wh_phrase(sentence, blank) == "whom":
         return None
     before = _clause_before(sentence[:start].split())
     if len(before) < 2:

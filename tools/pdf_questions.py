@@ -29,6 +29,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -344,6 +345,34 @@ def summarize(rows: list[PdfAnswerRow]) -> str:
     return "\n".join(out)
 
 
+def known_sources(names: Iterable[str], sources: dict[str, PdfSource] = SOURCES) -> list[str]:
+    """`names` as a list, each checked to be one of `sources` (a clear error naming the others)."""
+    names = list(names)
+    unknown = sorted(set(names) - set(sources))
+    if unknown:
+        raise ValueError(f"unknown source(s) {', '.join(unknown)}; choose from {', '.join(sources)}")
+    return names
+
+
+@contextmanager
+def app_over(model_dir: Path, device: str | None, data_dir: Path | None = None, prefilter: int | None = None):
+    """An app.service.DocQA over the library in `data_dir`, else over a temporary folder removed
+    after; closed on leaving."""
+    from app.service import DocQA, ServiceConfig
+
+    library = data_dir or Path(tempfile.mkdtemp(prefix="docqa-eval-pdfs-"))
+    try:
+        service = DocQA(ServiceConfig(data_dir=library, model_dir=model_dir, device=device,
+                                      prefilter_chunks=prefilter))
+        try:
+            yield service
+        finally:
+            service.close()
+    finally:
+        if data_dir is None:
+            shutil.rmtree(library, ignore_errors=True)
+
+
 def evaluate(model_dir: Path, out_dir: Path, questions_file: Path = QUESTIONS_FILE,
              only: list[str] | None = None, device: str | None = None, data_dir: Path | None = None,
              corpus_dir: Path | None = None, progress: Callable[[str], None] = print,
@@ -354,13 +383,9 @@ def evaluate(model_dir: Path, out_dir: Path, questions_file: Path = QUESTIONS_FI
     BM25's statistics, so the numbers are comparable only over the same documents), with the
     model's defaults changed by `overrides` and the BM25 prefilter's M by `prefilter` (None: the
     model's), and writes results.jsonl, summary.md and meta.json under `out_dir`."""
-    from app.service import DocQA, ServiceConfig
-
     questions = load_questions(questions_file, sources)
     if only:
-        unknown = sorted(set(only) - set(sources))
-        if unknown:
-            raise ValueError(f"unknown source(s) {', '.join(unknown)}; choose from {', '.join(sources)}")
+        known_sources(only, sources)
         questions = [q for q in questions if q.source in only]
     out_dir.mkdir(parents=True, exist_ok=True)
     meta: dict = {"model": str(model_dir), "questions": str(questions_file), "overrides": overrides or {},
@@ -383,18 +408,9 @@ def evaluate(model_dir: Path, out_dir: Path, questions_file: Path = QUESTIONS_FI
                      f"({'held out' if sources[name].held_out else 'seen'})")
             if sources[name].held_out and overlap > HELD_OUT_MAX_OVERLAP:
                 progress(f"warning: {name} is counted as held out, yet {overlap:.0%} of it is in this corpus")
-    library = data_dir or Path(tempfile.mkdtemp(prefix="docqa-eval-pdfs-"))
-    try:
-        service = DocQA(ServiceConfig(data_dir=library, model_dir=model_dir, device=device,
-                                      prefilter_chunks=prefilter))
-        try:
-            meta["device"] = str(service.engine.device)
-            rows = ask_all(service, questions, pdfs, sources, progress, overrides)
-        finally:
-            service.close()
-    finally:
-        if data_dir is None:
-            shutil.rmtree(library, ignore_errors=True)
+    with app_over(model_dir, device, data_dir, prefilter) as service:
+        meta["device"] = str(service.engine.device)
+        rows = ask_all(service, questions, pdfs, sources, progress, overrides)
     (out_dir / "results.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
     (out_dir / "summary.md").write_text(summarize(rows) + "\n")
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")

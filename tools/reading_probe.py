@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.method.sentences import split_sentences
-from tools.pdf_questions import SOURCES, PdfSource, holds_answer, read_passage_alone, read_pdf
+from tools.pdf_questions import SOURCES, PdfSource, app_over, holds_answer, known_sources, read_passage_alone, read_pdf
 from training.cloze_questions import cloze_example
 from training.sentence_questions import context_window, questions_for
 
@@ -112,31 +110,20 @@ def probe(model_dir: Path, out_dir: Path, only: Iterable[str] | None = None, per
     passage alone with the model in `model_dir` through a fresh app (a temporary library, removed
     after), and writes rows.jsonl, summary.md and meta.json under `out_dir`."""
     from app.ingest import extract_pdf
-    from app.service import DocQA, ServiceConfig
 
-    names = list(only) if only else list(sources)
-    unknown = sorted(set(names) - set(sources))
-    if unknown:
-        raise ValueError(f"unknown source(s) {', '.join(unknown)}; choose from {', '.join(sources)}")
+    names = known_sources(only, sources) if only else list(sources)
     # A generator per source, so that a source's questions do not depend on which others are asked.
     asked = [q for name in names for q in probe_questions(name, extract_pdf(read_pdf(sources[name])).text,
                                                           per_kind, random.Random(f"{seed}:{name}"))]
     out_dir.mkdir(parents=True, exist_ok=True)
-    library = Path(tempfile.mkdtemp(prefix="docqa-probe-reading-"))
     rows = []
-    try:
-        service = DocQA(ServiceConfig(data_dir=library, model_dir=model_dir, device=device))
-        try:
-            for n, q in enumerate(asked, 1):
-                shown = read_passage_alone(service, q.question, q.passage)
-                rows.append(ProbeRow(q.source, sources[q.source].held_out, q.kind, q.question, q.answer, shown,
-                                     holds_answer(shown, [q.answer])))
-                progress(f"[{n}/{len(asked)}] {q.source} {q.kind}: {'right' if rows[-1].right else 'wrong'}")
-            device_name = str(service.engine.device)
-        finally:
-            service.close()
-    finally:
-        shutil.rmtree(library, ignore_errors=True)
+    with app_over(model_dir, device) as service:
+        for n, q in enumerate(asked, 1):
+            shown = read_passage_alone(service, q.question, q.passage)
+            rows.append(ProbeRow(q.source, sources[q.source].held_out, q.kind, q.question, q.answer, shown,
+                                 holds_answer(shown, [q.answer])))
+            progress(f"[{n}/{len(asked)}] {q.source} {q.kind}: {'right' if rows[-1].right else 'wrong'}")
+        device_name = str(service.engine.device)
     (out_dir / "rows.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
     (out_dir / "summary.md").write_text(summarize(rows) + "\n")
     meta = {"model": str(model_dir), "sources": names, "per_kind": per_kind, "seed": seed, "device": device_name}

@@ -44,13 +44,27 @@ def test_rule_questions_come_in_both_wordings_of_one_sentence_and_answers_lie_in
     assert len(rp.probe_questions("manual", "\n\n".join(PARAGRAPHS), 1, random.Random(3))) <= 3  # per kind
 
 
+def test_parsed_questions_ask_in_peoples_order_with_the_answer_once_in_their_passage():
+    pytest.importorskip("spacy", reason="the parsed questions need spaCy (pip install -e '.[train]')")
+    from training.parsed_questions import load_parser
+
+    text = "\n\n".join(PARAGRAPHS)
+    asked = rp.probe_questions("manual", text, per_kind=5, rng=random.Random(3), parser=load_parser())
+    parsed = [q for q in asked if q.kind == "parsed"]
+    assert ("What is the default port for every new installation?", "8080") in {(q.question, q.answer) for q in parsed}
+    for q in parsed:
+        assert pq.holds_answer(q.passage, [q.answer]) and q.passage.count(q.answer) == 1
+    without = rp.probe_questions("manual", text, per_kind=5, rng=random.Random(3))
+    assert without == [q for q in asked if q.kind != "parsed"]  # the other kinds draw as before
+
+
 def test_the_summary_counts_right_per_kind_held_out_first():
     row = rp.ProbeRow("m", True, rp.KINDS[0], "q", "a", "a", True)
     rows = [row, rp.ProbeRow("m", True, rp.KINDS[0], "q", "a", "not found", False),
             rp.ProbeRow("s", False, "cloze", "q", "a", "a", True)]
     lines = rp.summarize(rows).splitlines()
-    assert lines[2] == "| held-out | 1/2 (50%) | - | - |"
-    assert lines[3] == "| seen | - | - | 1/1 (100%) |"
+    assert lines[2] == "| held-out | 1/2 (50%) | - | - | - |"
+    assert lines[3] == "| seen | - | - | 1/1 (100%) | - |"
 
 
 @pytest.mark.slow

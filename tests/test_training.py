@@ -569,7 +569,9 @@ def test_sentence_questions_are_answered_by_a_span_of_their_sentence():
     assert all(len(TRAINING_WORDINGS[r.name]) == len(r.wordings) - 1 >= 2 for r in RULES)
 
 
-def test_sentence_qa_examples_hold_their_answer_or_say_not_found():
+@pytest.mark.parametrize(("task", "items_key"), [("sentence_qa", "sentence_questions"),
+                                                 ("parsed_qa", "parsed_questions")])
+def test_questions_over_a_context_hold_their_answer_or_say_not_found(task, items_key):
     from training import relations
     from training.sentence_questions import HELD_OUT_WORDING
 
@@ -578,10 +580,10 @@ def test_sentence_qa_examples_hold_their_answer_or_say_not_found():
              for i in range(20)]
     corpus = _corpus() | {"text_paragraphs": _flat([TOK.encode(f" Paragraph {i} of plain text.").ids
                                                     for i in range(50)]),
-                          "sentence_questions": items}
+                          items_key: items}
     layout = make_layout(BUNDLED_MODEL, model_config(TOK))
     sampler = TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=5,
-                          task_weights={"sentence_qa": 1})
+                          task_weights={task: 1})
     not_found = 0
     for _ in range(100):
         ex = sampler.sample(4, scoring_share=0.0)
@@ -594,9 +596,9 @@ def test_sentence_qa_examples_hold_their_answer_or_say_not_found():
         else:
             assert any(f"default timeout is {answer} seconds" in TOK.decode(c) for c in ex.chunks)
     assert 3 < not_found < 35
-    with pytest.raises(ValueError, match="sentence_qa task needs"):
+    with pytest.raises(ValueError, match=f"{task} task needs"):
         TaskSampler(_corpus() | {"text_paragraphs": corpus["text_paragraphs"]}, lambda s: TOK.encode(s).ids,
-                    TOK.decode, layout, 128, 64, seed=3, task_weights={"sentence_qa": 1})
+                    TOK.decode, layout, 128, 64, seed=3, task_weights={task: 1})
 
 
 def test_cloze_blanks_are_numbers_identifiers_names_and_quoted_terms():

@@ -10,6 +10,9 @@ chunk chosen: `pdf_questions.read_passage_alone`), so only reading is measured, 
   the rule's training wordings and in its held-out wording (never trained on);
 - `cloze`: training.cloze_questions (a number, identifier, name or quoted term of any sentence of
   prose blanked and asked in noised words);
+- `parsed`: training.parsed_questions (such a blank asked in people's order, from a dependency
+  parse: "What does the library use for checksums?"), in its plain wording; asked where spaCy is
+  installed (the `train` extra);
 
 and by document source: a held-out PDF's text is not in the training corpus, a seen one's is.
 The rule and cloze kinds share their templates with training tasks, so a model can pass them by
@@ -25,13 +28,14 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.method.sentences import split_sentences
 from tools.pdf_questions import SOURCES, PdfSource, app_over, holds_answer, known_sources, read_passage_alone, read_pdf
-from training.cloze_questions import cloze_example
+from training.cloze_questions import blanks, cloze_example, is_prose, occurrences
 from training.sentence_questions import context_window, questions_for
 
-KINDS = ("rule, training wording", "rule, held-out wording", "cloze")
+KINDS = ("rule, training wording", "rule, held-out wording", "cloze", "parsed")
 CONTEXT_CHARS = 450  # a question's context, as the training tasks cut it: it fits one chunk
 MIN_PARAGRAPH_CHARS = 80  # shorter blocks of a PDF's text are headings, page numbers, table cells
 
@@ -62,12 +66,42 @@ def paragraphs(text: str) -> list[str]:
     return [" ".join(block.split()) for block in text.split("\n\n") if len(block.strip()) >= MIN_PARAGRAPH_CHARS]
 
 
-def probe_questions(source: str, text: str, per_kind: int, rng: random.Random) -> list[ProbeQuestion]:
-    """Pure given `rng`: up to `per_kind` questions of each kind from `text`'s paragraphs, taken in
-    an order drawn by `rng`; a rule question is asked in both wordings of the same sentence, so the
-    two wordings' scores differ by wording alone."""
+def probe_questions(source: str, text: str, per_kind: int, rng: random.Random,
+                    parser: Any | None = None) -> list[ProbeQuestion]:
+    """Pure given `rng` (and `parser`): up to `per_kind` questions of each kind from `text`'s
+    paragraphs, taken in an order drawn by `rng`; a rule question is asked in both wordings of the
+    same sentence, so the two wordings' scores differ by wording alone. The parsed kind only with a
+    `parser` (training.parsed_questions.load_parser), drawn from the same order after the others."""
     paras = paragraphs(text)
     rng.shuffle(paras)
+    return _rule_and_cloze_questions(source, paras, per_kind, rng) + (
+        _parsed_questions(source, paras, per_kind, parser) if parser is not None else [])
+
+
+def _parsed_questions(source: str, paras: list[str], per_kind: int, parser: Any) -> list[ProbeQuestion]:
+    """The first parsed question of each sentence of prose, in the paragraphs' order, whose answer
+    its passage holds once."""
+    from training.parsed_questions import questions_of
+
+    out: list[ProbeQuestion] = []
+    for para in paras:
+        sents = [" ".join(s.split()) for s in split_sentences(para)]
+        for i, sentence in enumerate(sents):
+            if len(out) >= per_kind:
+                return out
+            if len(sentence) > CONTEXT_CHARS or not is_prose(sentence) or not blanks(sentence):
+                continue
+            lo, hi = context_window(sents, i, CONTEXT_CHARS)
+            passage = " ".join(sents[lo:hi])
+            made = [q for q in questions_of(parser(sentence)) if occurrences(passage, q.answer) == 1]
+            if made:
+                out.append(ProbeQuestion(source, KINDS[3], passage, made[0].question, made[0].answer))
+    return out
+
+
+def _rule_and_cloze_questions(source: str, paras: list[str], per_kind: int,
+                              rng: random.Random) -> list[ProbeQuestion]:
+    """Rule questions in both wordings, and cloze questions, in the paragraphs' order."""
     rule: list[ProbeQuestion] = []
     cloze: list[ProbeQuestion] = []
     for para in paras:
@@ -112,9 +146,16 @@ def probe(model_dir: Path, out_dir: Path, only: Iterable[str] | None = None, per
     from app.ingest import extract_pdf
 
     names = known_sources(only, sources) if only else list(sources)
+    try:
+        from training.parsed_questions import load_parser
+
+        parser = load_parser()
+    except RuntimeError as e:
+        parser = None
+        progress(f"no parsed questions: {e}")
     # A generator per source, so that a source's questions do not depend on which others are asked.
     asked = [q for name in names for q in probe_questions(name, extract_pdf(read_pdf(sources[name])).text,
-                                                          per_kind, random.Random(f"{seed}:{name}"))]
+                                                          per_kind, random.Random(f"{seed}:{name}"), parser)]
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     with app_over(model_dir, device) as service:

@@ -244,7 +244,7 @@ def _fronted(sentence: str, start: int, end: int, blank: Blank) -> tuple[list[st
     return [*wh, head_verb], subject + tail, after[:WINDOW_WORDS[1]]
 
 
-def _noised(words: list[str], rng: random.Random) -> list[str]:
+def noised_words(words: list[str], rng: random.Random) -> list[str]:
     """Words swapped for words of the same meaning, then droppable ones dropped (DROP_SHARE)."""
     return [w for w in _swap_same_meaning(words, rng) if w.lower() not in _DROPPABLE or rng.random() >= DROP_SHARE]
 
@@ -262,8 +262,8 @@ def cloze_question(sentence: str, blank: Blank, rng: random.Random, noised: bool
     if fronted is not None and (not noised or rng.random() < FRONTED_SHARE):
         head, subject, after = fronted
         if noised:  # the last word stays: the verb, or the subject's noun that names what is asked
-            subject = _noised(subject[:-1], rng) + subject[-1:]
-            after = _noised(after, rng)
+            subject = noised_words(subject[:-1], rng) + subject[-1:]
+            after = noised_words(after, rng)
         return " ".join([*head, *subject, *after]).rstrip(",;:") + "?"
     wh = _wh_phrase(sentence, blank)
     # The blank's clause only: what a comma ends, the question needs not.
@@ -272,8 +272,8 @@ def cloze_question(sentence: str, blank: Blank, rng: random.Random, noised: bool
     before = before[-rng.randint(lo, hi):] if noised else before
     after = after[:rng.randint(lo, hi)] if noised else after
     if noised:  # the words next to the blank stay ("how many data streams", "named what")
-        before = _noised(before[:-1], rng) + before[-1:]
-        after = after[:1] + _noised(after[1:], rng)
+        before = noised_words(before[:-1], rng) + before[-1:]
+        after = after[:1] + noised_words(after[1:], rng)
     if before and before[0].istitle() and before[0].isalpha() and before[0] != "I":  # "The", not "GNU"
         before[0] = before[0].lower()
     question = " ".join([*before, wh, *after]).rstrip(",;:")
@@ -296,11 +296,11 @@ def cloze_example(paragraph: str, rng: random.Random, context_chars: int = 450) 
         context = " ".join(" ".join(s.split()) for s in sents[lo:hi])
         for blank in options:
             answer = sent[blank.start:blank.end]
-            if _occurrences(context, answer) != 1:
+            if occurrences(context, answer) != 1:
                 continue  # asked twice in its text, the answer would be a guess between them
             return ClozeExample(context, cloze_question(sent, blank, rng), answer)
     return None
 
 
-def _occurrences(text: str, span: str) -> int:
+def occurrences(text: str, span: str) -> int:
     return len(re.findall(r"(?<!\w)" + re.escape(span) + r"(?!\w)", text))

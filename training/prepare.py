@@ -123,6 +123,33 @@ def sentence_question_examples(corpus_dir: Path, context_chars: int = 450) -> li
     return out
 
 
+def parsed_question_examples(corpus_dir: Path, seed: int, context_chars: int = 450,
+                             batch_size: int = 512) -> list[dict]:
+    """training.parsed_questions over every sentence of prose of the training paragraphs: each
+    question in its wordings, with the sentence's neighbours (at most `context_chars`) as its
+    context; questions whose answer stands in the context more than once are left out (the answer
+    would be a guess between them). Needs spaCy (the `train` extra); about 2 minutes on 2 cores."""
+    from training.cloze_questions import blanks, is_prose, occurrences
+    from training.parsed_questions import load_parser, questions_of, wordings
+    from training.sentence_questions import context_window
+
+    parser = load_parser()
+    rng = random.Random(seed)
+    asked: list[tuple[str, str]] = []  # (sentence, its context)
+    for paragraph in _training_paragraphs(corpus_dir):
+        sents = [" ".join(s.split()) for s in split_sentences(paragraph)]
+        for i, sent in enumerate(sents):
+            if len(sent) <= context_chars and is_prose(sent) and blanks(sent):
+                lo, hi = context_window(sents, i, context_chars)
+                asked.append((sent, " ".join(sents[lo:hi])))
+    out = []
+    for (_, context), doc in zip(asked, parser.pipe((a[0] for a in asked), batch_size=batch_size), strict=True):
+        for q in questions_of(doc):
+            if occurrences(context, q.answer) == 1:
+                out.append({"context": context, "answer": q.answer, "questions": wordings(q, rng), "shape": q.shape})
+    return out
+
+
 def train_tokenizer(texts: list[str]) -> Tokenizer:
     """Byte-level BPE (GPT-2 style pre-tokenizer, single digits) with LLaDA's special tokens."""
     tok = Tokenizer(models.BPE())
@@ -166,6 +193,9 @@ def main() -> None:
     ap.add_argument("--split-long-paragraphs", action="store_true",
                     help="keep the corpus's paragraphs longer than 1,200 characters as runs of whole sentences "
                          "(left out otherwise, as runs 12-13's data had them)")
+    ap.add_argument("--parsed-questions", action="store_true",
+                    help="with --corpus: also questions in people's order from a parse of the corpus's sentences "
+                         "(training.parsed_questions; needs spaCy, the `train` extra)")
     ap.add_argument("--keep-tokenizer", action="store_true",
                     help="tokenize with the model folder's tokenizer instead of training a new one "
                          "(to continue training a model)")
@@ -201,6 +231,9 @@ def main() -> None:
         print(f"real text: {len(texts)} paragraphs, {len(extra['text_paragraphs']['tokens'])} tokens")
         extra["sentence_questions"] = sentence_question_examples(args.corpus)
         print(f"questions from the corpus's sentences: {len(extra['sentence_questions'])}")
+        if args.parsed_questions:
+            extra["parsed_questions"] = parsed_question_examples(args.corpus, args.seed)
+            print(f"questions from a parse of the corpus's sentences: {len(extra['parsed_questions'])}")
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save(extra | {
         "essay_sentences": flat(essay_ids),

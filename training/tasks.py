@@ -13,8 +13,8 @@ modelling on real text (`text_mdm`, the pretraining task, in LLaDA's layout), an
 training relation families (training.relations) placed in real text, asked in the training
 wordings and framings, with a fact of the same family about another subject beside them, and
 sometimes not there at all (the answer is then relations.NOT_FOUND); and questions made from the
-corpus's own sentences (training.sentence_questions by rules, training.cloze_questions by blanking
-a span of any sentence of prose), over their real context.
+corpus's own sentences (training.sentence_questions by rules, training.parsed_questions from a parse,
+training.cloze_questions by blanking a span of any sentence of prose), over their real context.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Layout:
 # default stream stays the one the bundled model was first trained on).
 TASK_WEIGHTS = {"niah": 10, "kv_retrieval": 2, "hotpot": 3, "which_document": 2, "lookup": 0, "sentence_qa": 0,
                 "lookup_generated": 0, "text_denoising": 0, "text_mdm": 0, "lookup_near": 0,
-                "lookup_dressed": 0, "cloze_qa": 0}
+                "lookup_dressed": 0, "cloze_qa": 0, "parsed_qa": 0}
 LOOKUP_NOT_FOUND_SHARE = 0.15
 # lookup_near asks a list family this share of the time (the table's 7 training list families are
 # 4% of plain lookups; on the held-out sets a list question is the likeliest miss).
@@ -110,7 +110,7 @@ class TaskSampler:
         for task, needs in (("lookup", "text_paragraphs"), ("lookup_generated", "text_paragraphs"),
                             ("text_denoising", "text_paragraphs"), ("text_mdm", "text_paragraphs"),
                             ("sentence_qa", "text_paragraphs"), ("cloze_qa", "text_paragraphs"),
-                            ("sentence_qa", "sentence_questions")):
+                            ("sentence_qa", "sentence_questions"), ("parsed_qa", "parsed_questions")):
             if self.task_weights[task] and not corpus.get(needs):
                 raise ValueError(f"the {task} task needs the corpus's real text (training.prepare --corpus)")
         self.encode, self.decode = encode, decode  # str -> list[int], list[int] -> str
@@ -128,6 +128,7 @@ class TaskSampler:
         self.train_list_families = [f for f in self.split.train_families if f.is_list]
         self.generated_relations = relations.generated_relations(self.split)
         self.sentence_questions = corpus.get("sentence_questions", [])  # training.prepare
+        self.parsed_questions = corpus.get("parsed_questions", [])  # training.prepare --parsed-questions
 
     # ---- random values in RULER's formats --------------------------------------------------------
 
@@ -403,11 +404,20 @@ class TaskSampler:
         return Example(chunks, self.encode(question), self._answer(asked.value if answerable else relations.NOT_FOUND))
 
     def sentence_qa(self, k: int) -> Example:
-        """A question made from a real sentence (training.sentence_questions), in a training
-        wording, over that sentence's own context among real paragraphs; sometimes (the lookup
-        task's share) the context is left out and the answer is "not found"."""
+        """A question made from a real sentence by rule (training.sentence_questions), in a training
+        wording, over that sentence's own context among real paragraphs."""
+        return self._asked_over_context(self.rng.choice(self.sentence_questions), k)
+
+    def parsed_qa(self, k: int) -> Example:
+        """A question put in people's order from a parse of a real sentence (training.parsed_questions:
+        "What does the library use for checksums?"), in one of its wordings, over that sentence's
+        own context among real paragraphs."""
+        return self._asked_over_context(self.rng.choice(self.parsed_questions), k)
+
+    def _asked_over_context(self, item: dict, k: int) -> Example:
+        """`item`'s question (one of its wordings) over its context in one of k chunks of real text;
+        sometimes (the lookup task's share) the context is left out and the answer is "not found"."""
         r = self.rng
-        item = r.choice(self.sentence_questions)
         chunks = [self._chunk_with([], "text") for _ in range(k)]
         context = self.encode(" " + item["context"])[: self.c - 1]
         # A context cut at the chunk's end may lose its answer: then it is not shown at all.

@@ -39,6 +39,10 @@ def _asked(parser, sentence):
      [("subject", "diff", "What reports an error?")]),
     ("Otherwise OpenSSL will prompt you, possibly many times, if the key is encrypted.",
      [("subject", "OpenSSL", "What will prompt me possibly many times?")]),
+    # a bare "what" or "who" leaves its preposition where it stood; "in <year>" is asked with "when"
+    ("The wrapper library was written by Julian Seward in 2002.",
+     [("preposition", "Julian Seward", "Who was the wrapper library written by in 2002?"),
+      ("preposition", "2002", "When was the wrapper library written by Julian Seward?")]),
     # a parenthetical left out of the question
     ("The secret key is always 128 bits (16 octets).", [("count", "128", "How many bits is the secret key always?")]),
 ])

@@ -11,7 +11,7 @@ can be put in that order wherever the parse allows:
 - the object of the verb: "The library uses CRC-32C for checksums." -> "What does the library use for checksums?"
 - what a copula says of the subject: "The default port is 8080." -> "What is the default port?"
 - the object of a preposition on the verb: "The key expires after 30 days." -> "After how many days does
-  the key expire?"
+  the key expire?", "Gzip was written by Jean-loup Gailly." -> "Who was Gzip written by?"
 - a number counting a noun: "You may use up to 100 extra suppression files." -> "How many extra
   suppression files may I use?"
 - a name modifying a noun: "Install the build-essential package." -> "Which package should I install?"
@@ -58,6 +58,7 @@ _DO_SUPPORT = {"VBZ": "does", "VBD": "did", "VBP": "do"}
 _NOUN_PHRASE_EXTRAS = frozenset({"det", "quantmod", "punct", "predet", "nummod", "poss", "case"})
 _PERSON_NOUNS = frozenset("""author authors maintainer maintainers developer developers creator creators founder
 founders inventor writer writers designer designers contributor contributors""".split())
+_YEAR = re.compile(r"(?:19|20)\d\d")
 _PARENTHETICAL = re.compile(r"\s*\([^()]*\)")
 # Wordings of a question besides the plain one: written casually, and noised (cloze_questions.noised_words).
 WORDINGS = ("plain", "casual", "noised")
@@ -138,14 +139,22 @@ def _question(doc: Any, span: Any, blank: Blank) -> tuple[str, int, list[str]] |
         role = "object"
     elif head.dep_ == "attr" and verb.lemma_ == "be":
         role = "copula"
-    elif (head.dep_ == "pobj" and head.head.dep_ == "prep" and head.head.tag_ in ("IN", "TO")
+    elif (head.dep_ == "pobj" and head.head.dep_ in ("prep", "agent") and head.head.tag_ in ("IN", "TO")
           and head.head.head.pos_ in ("VERB", "AUX") and [c.i for c in head.head.children] == [head.i]):
         # (a preposition of one word with no other child: "due to", "including" ask badly)
         preposition = head.head
         verb = preposition.head
         role = "preposition"
-        wh = [preposition.text.lower(), *wh]
-        moved = moved | {preposition.i}
+        if shape in ("what", "who") and preposition.lower_ == "in" and _YEAR.fullmatch(span.text):
+            wh, moved = ["when"], moved | {preposition.i}  # "released in 2002" -> "When was it released?"
+        elif shape in ("what", "who"):
+            # "What does this macro search for?", "Who was gzip written by?": a bare "what" or "who"
+            # leaves its preposition where it stood, as people ask; a longer wh-phrase takes it along
+            # ("On which port does the daemon listen?", "After how many days does the key expire?").
+            if preposition.dep_ == "agent" and blank.kind == "name":
+                wh = ["who"]
+        else:
+            wh, moved = [preposition.lower_, *wh], moved | {preposition.i}
     else:
         return None
     if not _is_main_clause(verb):

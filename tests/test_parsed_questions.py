@@ -74,20 +74,18 @@ def test_wordings_keep_the_wh_phrase_and_vary_the_rest(parser):
     assert "How many extra suppression files may I employ?" in seen  # a same-meaning swap, some of the time
 
 
-def test_parsed_questions_over_a_corpus_hold_their_answer_once_in_their_context(tmp_path):
-    import lzma
-
-    from training.corpus import DOC_SEPARATOR
+def test_parsed_questions_over_sources_hold_their_answer_once_in_their_context():
     from training.prepare import parsed_question_examples
 
-    docs = ["The daemon is configured in one file. The default port of the daemon is 8080. Restart it to apply.\n\n"
-            "The library uses CRC-32C for checksums. Checksums are checked on read.",
-            "The default port is 8080 here, and the old port 8080 is kept too."]  # twice: ambiguous
-    (tmp_path / "man-0000.txt.xz").write_bytes(lzma.compress(DOC_SEPARATOR.join(docs).encode()))
-    (tmp_path / "manifest.json").write_text('{"shards": {"man": ["man-0000.txt.xz"]}, "held_out_kinds": []}')
-    items = parsed_question_examples(tmp_path, seed=0)
-    assert {(i["answer"], i["questions"][0]) for i in items} == {
-        ("8080", "What is the default port of the daemon?"), ("CRC-32C", "What does the library use for checksums?")}
+    manuals = ["The daemon is configured in one file. The default port of the daemon is 8080. Restart it to apply.",
+               "The library uses CRC-32C for checksums. Checksums are checked on read.",
+               "The default port is 8080 here, and the old port 8080 is kept too."]  # twice: ambiguous
+    encyclopedia = iter(["The bridge over the river was designed by Anna Tarn in the old style."])
+    items = parsed_question_examples({"corpus": manuals, "hotpotqa": encyclopedia}, seed=0)
+    assert {(i["source"], i["answer"], i["questions"][0]) for i in items} == {
+        ("corpus", "8080", "What is the default port of the daemon?"),
+        ("corpus", "CRC-32C", "What does the library use for checksums?"),
+        ("hotpotqa", "Anna Tarn", "Who was the bridge over the river designed by in the old style?")}
     for item in items:
         assert item["context"].count(item["answer"]) == 1
         assert item["questions"][1] == item["questions"][0][0].lower() + item["questions"][0][1:-1]

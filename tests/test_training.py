@@ -719,3 +719,18 @@ def test_cloze_qa_examples_put_the_answer_in_one_chunk_of_real_text():
                           task_weights={"cloze_qa": 1})
     with pytest.raises(ValueError, match="cloze question"):
         sampler.sample(2, scoring_share=0.0)
+
+
+def test_parsed_qa_draws_each_source_as_often_however_many_questions_it_has():
+    items = [{"context": f"The default timeout of tool {i} is {i} seconds.", "answer": f"{i} seconds",
+              "questions": [f"What is the default timeout of tool {i}?"], "source": "hotpotqa" if i else "corpus"}
+             for i in range(10)]
+    corpus = _corpus() | {"text_paragraphs": _flat([TOK.encode(f" Paragraph {i} of plain text.").ids
+                                                    for i in range(50)]),
+                          "parsed_questions": items}
+    layout = make_layout(BUNDLED_MODEL, model_config(TOK))
+    sampler = TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=5,
+                          task_weights={"parsed_qa": 1})
+    asked = [TOK.decode(sampler.sample(4, scoring_share=0.0).question_ids) for _ in range(200)]
+    from_corpus = sum(q == "What is the default timeout of tool 0?" for q in asked)
+    assert 70 < from_corpus < 130  # one question of ten, drawn half of the time

@@ -58,7 +58,7 @@ _DO_SUPPORT = {"VBZ": "does", "VBD": "did", "VBP": "do"}
 _NOUN_PHRASE_EXTRAS = frozenset({"det", "quantmod", "punct", "predet", "nummod", "poss", "case"})
 _PERSON_NOUNS = frozenset("""author authors maintainer maintainers developer developers creator creators founder
 founders inventor writer writers designer designers contributor contributors""".split())
-_YEAR = re.compile(r"(?:19|20)\d\d")
+_YEAR = re.compile(r"1[5-9]\d\d|20\d\d")  # a year of the last five centuries
 _PARENTHETICAL = re.compile(r"\s*\([^()]*\)")
 # Wordings of a question besides the plain one: written casually, and noised (cloze_questions.noised_words).
 WORDINGS = ("plain", "casual", "noised")

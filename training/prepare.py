@@ -17,6 +17,8 @@ import json
 import random
 import re
 import uuid
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -123,30 +125,34 @@ def sentence_question_examples(corpus_dir: Path, context_chars: int = 450) -> li
     return out
 
 
-def parsed_question_examples(corpus_dir: Path, seed: int, context_chars: int = 450,
+def parsed_question_examples(sources: dict[str, Iterable[str]], seed: int, context_chars: int = 450,
                              batch_size: int = 512) -> list[dict]:
-    """training.parsed_questions over every sentence of prose of the training paragraphs: each
+    """training.parsed_questions over every sentence of prose of each source's paragraphs: each
     question in its wordings, with the sentence's neighbours (at most `context_chars`) as its
-    context; questions whose answer stands in the context more than once are left out (the answer
-    would be a guess between them). Needs spaCy (the `train` extra); about 2 minutes on 2 cores."""
+    context and its source's name; questions whose answer stands in the context more than once are
+    left out (the answer would be a guess between them). Needs spaCy (the `train` extra); about 2
+    minutes a million words on 2 cores."""
     from training.cloze_questions import blanks, is_prose, occurrences
     from training.parsed_questions import load_parser, questions_of, wordings
     from training.sentence_questions import context_window
 
     parser = load_parser()
     rng = random.Random(seed)
-    asked: list[tuple[str, str]] = []  # (sentence, its context)
-    for paragraph in _training_paragraphs(corpus_dir):
-        sents = [" ".join(s.split()) for s in split_sentences(paragraph)]
-        for i, sent in enumerate(sents):
-            if len(sent) <= context_chars and is_prose(sent) and blanks(sent):
-                lo, hi = context_window(sents, i, context_chars)
-                asked.append((sent, " ".join(sents[lo:hi])))
+    asked: list[tuple[str, str, str]] = []  # (sentence, its context, its source)
+    for source, paragraphs in sources.items():
+        for paragraph in paragraphs:
+            sents = [" ".join(s.split()) for s in split_sentences(paragraph)]
+            for i, sent in enumerate(sents):
+                if len(sent) <= context_chars and is_prose(sent) and blanks(sent):
+                    lo, hi = context_window(sents, i, context_chars)
+                    asked.append((sent, " ".join(sents[lo:hi]), source))
     out = []
-    for (_, context), doc in zip(asked, parser.pipe((a[0] for a in asked), batch_size=batch_size), strict=True):
+    for (_, context, source), doc in zip(asked, parser.pipe((a[0] for a in asked), batch_size=batch_size),
+                                         strict=True):
         for q in questions_of(doc):
             if occurrences(context, q.answer) == 1:
-                out.append({"context": context, "answer": q.answer, "questions": wordings(q, rng), "shape": q.shape})
+                out.append({"context": context, "answer": q.answer, "questions": wordings(q, rng), "shape": q.shape,
+                            "source": source})
     return out
 
 
@@ -194,8 +200,8 @@ def main() -> None:
                     help="keep the corpus's paragraphs longer than 1,200 characters as runs of whole sentences "
                          "(left out otherwise, as runs 12-13's data had them)")
     ap.add_argument("--parsed-questions", action="store_true",
-                    help="with --corpus: also questions in people's order from a parse of the corpus's sentences "
-                         "(training.parsed_questions; needs spaCy, the `train` extra)")
+                    help="with --corpus: also questions in people's order from a parse of the corpus's and "
+                         "HotpotQA's training sentences (training.parsed_questions; needs spaCy, the `train` extra)")
     ap.add_argument("--keep-tokenizer", action="store_true",
                     help="tokenize with the model folder's tokenizer instead of training a new one "
                          "(to continue training a model)")
@@ -232,8 +238,13 @@ def main() -> None:
         extra["sentence_questions"] = sentence_question_examples(args.corpus)
         print(f"questions from the corpus's sentences: {len(extra['sentence_questions'])}")
         if args.parsed_questions:
-            extra["parsed_questions"] = parsed_question_examples(args.corpus, args.seed)
-            print(f"questions from a parse of the corpus's sentences: {len(extra['parsed_questions'])}")
+            # The corpus's technical prose, and HotpotQA's training paragraphs (encyclopedic prose:
+            # people, places, dates), their titles left out.
+            extra["parsed_questions"] = parsed_question_examples(
+                {"corpus": _training_paragraphs(args.corpus), "hotpotqa": (p.split("\n", 1)[1] for p in paragraphs)},
+                args.seed)
+            counts = Counter(q["source"] for q in extra["parsed_questions"])
+            print(f"questions from a parse of the corpus's sentences: {dict(counts)}")
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save(extra | {
         "essay_sentences": flat(essay_ids),

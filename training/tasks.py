@@ -128,7 +128,11 @@ class TaskSampler:
         self.train_list_families = [f for f in self.split.train_families if f.is_list]
         self.generated_relations = relations.generated_relations(self.split)
         self.sentence_questions = corpus.get("sentence_questions", [])  # training.prepare
-        self.parsed_questions = corpus.get("parsed_questions", [])  # training.prepare --parsed-questions
+        # training.prepare --parsed-questions, by source: each source is drawn as often, so that the
+        # technical prose users bring is not outnumbered by HotpotQA's denser encyclopedic sentences.
+        self.parsed_questions: dict[str, list[dict]] = {}
+        for item in corpus.get("parsed_questions", []):
+            self.parsed_questions.setdefault(item.get("source", "corpus"), []).append(item)
 
     # ---- random values in RULER's formats --------------------------------------------------------
 
@@ -411,8 +415,9 @@ class TaskSampler:
     def parsed_qa(self, k: int) -> Example:
         """A question put in people's order from a parse of a real sentence (training.parsed_questions:
         "What does the library use for checksums?"), in one of its wordings, over that sentence's
-        own context among real paragraphs."""
-        return self._asked_over_context(self.rng.choice(self.parsed_questions), k)
+        own context among real paragraphs; its source (the corpus, HotpotQA) drawn first."""
+        by_source = self.parsed_questions
+        return self._asked_over_context(self.rng.choice(by_source[self.rng.choice(sorted(by_source))]), k)
 
     def _asked_over_context(self, item: dict, k: int) -> Example:
         """`item`'s question (one of its wordings) over its context in one of k chunks of real text;

@@ -51,7 +51,7 @@ _ASKED_ROLES = frozenset({"nsubj", "nsubjpass", "dobj", "attr", "pobj"})
 # What may stand between a subject and its verb: "cannot import", "now has", "will prompt".
 _BEFORE_A_VERB = frozenset({"aux", "auxpass", "neg", "advmod"})
 # Pronoun subjects a question keeps ("you" asked as "I"); any other pronoun leaves nothing to ask about.
-_KEPT_PRONOUNS = {"you": "I", "we": "we", "i": "I", "one": "one"}
+_KEPT_PRONOUNS = frozenset({"you", "we", "i", "one"})
 _SECOND_TO_FIRST_PERSON = {"you": "I", "your": "my", "yours": "mine", "yourself": "myself"}
 _DO_SUPPORT = {"VBZ": "does", "VBD": "did", "VBP": "do"}
 # A blank's phrase may hold these besides the blank itself ("the", "up to", quotes).
@@ -60,8 +60,6 @@ _PERSON_NOUNS = frozenset("""author authors maintainer maintainers developer dev
 founders inventor writer writers designer designers contributor contributors""".split())
 _YEAR = re.compile(r"1[5-9]\d\d|20\d\d")  # a year of the last five centuries
 _PARENTHETICAL = re.compile(r"\s*\([^()]*\)")
-# Wordings of a question besides the plain one: written casually, and noised (cloze_questions.noised_words).
-WORDINGS = ("plain", "casual", "noised")
 
 
 @dataclass(frozen=True)
@@ -98,17 +96,18 @@ def questions_of(doc: Any) -> list[ParsedQuestion]:
         made = _question(doc, span, blank)
         if made is not None:
             shape, wh_words, words = made
-            question = _sentence_case(words) if 3 <= len(words) <= MAX_QUESTION_WORDS else None
+            question = _as_question(words) if 3 <= len(words) <= MAX_QUESTION_WORDS else None
             if question is not None:
                 out.append(ParsedQuestion(doc.text[blank.start:blank.end], shape, question, wh_words))
     return out
 
 
 def wordings(question: ParsedQuestion, rng: random.Random) -> list[str]:
-    """The question's WORDINGS, without repeats: plain, casual (lower-case, no question mark),
-    noised (same-meaning words swapped and small words dropped, the wh-word kept)."""
+    """The question's wordings, without repeats: plain, casual (lower-case, no question mark),
+    noised (cloze_questions.noised_words: same-meaning words swapped, small words dropped; the
+    wh-phrase kept)."""
     plain = question.question
-    casual = plain[:1].lower() + plain[1:-1] if plain[:2] != "I " else plain[:-1]
+    casual = plain[:1].lower() + plain[1:-1]
     words = plain[:-1].split()
     noisy = " ".join([*words[:question.wh_words], *noised_words(words[question.wh_words:], rng)]) + "?"
     return list(dict.fromkeys([plain, casual, noisy]))
@@ -134,7 +133,7 @@ def _question(doc: Any, span: Any, blank: Blank) -> tuple[str, int, list[str]] |
         # misparse leaves another subject there ("What a quote completes filenames").
         if not rest or rest[0].i != verb.i and not (rest[0].head.i == verb.i and rest[0].dep_ in _BEFORE_A_VERB):
             return None
-        return ("subject" if shape in ("what", "who") else shape), len(wh), [*wh, *_words(rest, first_person=True)]
+        return ("subject" if shape in ("what", "who") else shape), len(wh), [*wh, *_words(rest)]
     if head.dep_ == "dobj" and verb.pos_ == "VERB":
         role = "object"
     elif head.dep_ == "attr" and verb.lemma_ == "be":
@@ -145,16 +144,15 @@ def _question(doc: Any, span: Any, blank: Blank) -> tuple[str, int, list[str]] |
         preposition = head.head
         verb = preposition.head
         role = "preposition"
-        if shape in ("what", "who") and preposition.lower_ == "in" and _YEAR.fullmatch(span.text):
-            wh, moved = ["when"], moved | {preposition.i}  # "released in 2002" -> "When was it released?"
-        elif shape in ("what", "who"):
-            # "What does this macro search for?", "Who was gzip written by?": a bare "what" or "who"
-            # leaves its preposition where it stood, as people ask; a longer wh-phrase takes it along
-            # ("On which port does the daemon listen?", "After how many days does the key expire?").
-            if preposition.dep_ == "agent" and blank.kind == "name":
-                wh = ["who"]
-        else:
+        # A longer wh-phrase takes its preposition along ("On which port does the daemon listen?",
+        # "After how many days does the key expire?"); a bare "what" or "who" leaves it where it
+        # stood, as people ask ("What does this macro search for?", "Who was gzip written by?").
+        if shape not in ("what", "who"):
             wh, moved = [preposition.lower_, *wh], moved | {preposition.i}
+        elif preposition.lower_ == "in" and _YEAR.fullmatch(span.text):
+            wh, moved = ["when"], moved | {preposition.i}  # "released in 2002" -> "When was it released?"
+        elif preposition.dep_ == "agent" and blank.kind == "name":
+            wh = ["who"]  # a name that did what the verb says: a person or a body of people
     else:
         return None
     if not _is_main_clause(verb):
@@ -261,7 +259,7 @@ def _inverted(verb: Any, moved: set[int]) -> list[str] | None:
             return None
         if any(t.text == "," for t in subject_tokens):
             return None  # "the new email API, enabled via ...,": a misparsed participle, not the verb
-        subject = _words(subject_tokens, first_person=True)
+        subject = _words(subject_tokens)
     elif verb.tag_ == "VB" and verb.i == min(t.i for t in tokens):
         subject = ["I"]  # an instruction: "Install the package." -> "should I install"
     else:
@@ -269,25 +267,25 @@ def _inverted(verb: Any, moved: set[int]) -> list[str] | None:
     auxes = [t for t in tokens if t.dep_ in ("aux", "auxpass") and t.head.i == verb.i and t.i < verb.i]
     rest = [t for t in tokens if t.i not in in_subject]
     if not subject_tokens:
-        front, rest_words = ["should"], _words(rest, first_person=True)
-        return [*front, *subject, *rest_words]
+        return ["should", *subject, *_words(rest)]
     if auxes:
         front = auxes[0]
         rest = [t for t in rest if t.i != front.i]
-        return [front.lower_, *subject, *_words(rest, first_person=True)]
+        return [front.lower_, *subject, *_words(rest)]
     if verb.lemma_ == "be":
         rest = [t for t in rest if t.i != verb.i]
-        return [verb.lower_, *subject, *_words(rest, first_person=True)]
+        return [verb.lower_, *subject, *_words(rest)]
     do = _DO_SUPPORT.get(verb.tag_)
     if do is None:
         return None
     words = [verb.lemma_ if t.i == verb.i else t for t in rest]
-    return [do, *subject, *_words(words, first_person=True)]
+    return [do, *subject, *_words(words)]
 
 
-def _words(tokens: Iterable[Any], first_person: bool = False) -> list[str]:
+def _words(tokens: Iterable[Any]) -> list[str]:
     """Tokens as words, neighbours joined as the sentence wrote them ("build-essential", "100MB");
-    a plain string stands for one word. `first_person`: "you", "your" asked as "I", "my"."""
+    a plain string stands for one word; "you", "your" asked as "I", "my" (a reader asks of
+    themselves what the manual tells its reader)."""
     out: list[str] = []
     previous = None
     for t in tokens:
@@ -297,7 +295,7 @@ def _words(tokens: Iterable[Any], first_person: bool = False) -> list[str]:
             continue
         if t.is_quote:  # the blank's quotes, and a term's, say nothing a question needs
             text = ""
-        elif first_person and t.lower_ in _SECOND_TO_FIRST_PERSON:
+        elif t.lower_ in _SECOND_TO_FIRST_PERSON:
             text = _SECOND_TO_FIRST_PERSON[t.lower_]
             if t.lower_ == "you" and t.dep_ not in ("nsubj", "nsubjpass"):
                 text = "me"  # "tells you" -> "tells me"
@@ -313,7 +311,7 @@ def _words(tokens: Iterable[Any], first_person: bool = False) -> list[str]:
     return [w for w in out if w]
 
 
-def _sentence_case(words: Sequence[str]) -> str | None:
+def _as_question(words: Sequence[str]) -> str | None:
     """The words as a question: capitalised, parentheticals left out ("(16 octets)"), a question
     mark; None where brackets are left unbalanced ("git-config(1": a misparse cut through them)."""
     text = _PARENTHETICAL.sub("", " ".join(words)).rstrip(",;:")

@@ -67,3 +67,16 @@ def test_select_within_margin_drops_far_chunks_keeps_the_best_and_document_order
     assert select_within_margin(scores, 1, 2.0).tolist() == [1]
     assert select_within_margin(scores, 4, 1e-9).tolist() == [1]  # the best is always kept
     assert select_within_margin(torch.zeros(0), 4, 0.5).numel() == 0
+
+
+def test_the_margin_reads_the_scorers_own_scores_when_selection_ranks_fused_ones():
+    # Two copies of one fact (a list's values in two chunks) explain the question equally well
+    # (-1.0 and -1.1 nats a token); a keyword prior of 10 nats puts 3 nats between them. Ranked by
+    # the fused scores, the margin of 0.5 on the scorer's own still keeps both; on the fused, one.
+    own = torch.tensor([-1.0, -4.0, -1.1, -5.0])
+    fused = own + 10 * torch.tensor([1.0, 0.2, 0.7, 0.0])
+    tokens = torch.tensor([[-1.0, -1.0], [-4.0, -4.0], [-1.1, -1.1], [-5.0, -5.0]])
+    assert select_within_margin(fused, 3, 0.5, margin_scores=own).tolist() == [0, 2]
+    assert select_within_margin(fused, 3, 0.5).tolist() == [0]
+    assert select_by_coverage(fused, tokens, 3, 0.1, margin=0.5, margin_scores=own).tolist() == [0, 2]
+    assert select_by_coverage(fused, tokens, 3, 0.1, margin=0.5).tolist() == [0]

@@ -343,9 +343,10 @@ def select_chunks(scored: ChunkScores, priors: torch.Tensor | None, params: Answ
     scores = fuse_scores(scored.scores, priors, params.prior_weight)
     k = auto_top_k(scores, 1, params.max_auto_k) if params.auto_k else params.top_k
     if params.coverage_gain is not None:  # the margin then keeps near-best chunks that add nothing
-        return select_by_coverage(scores, scored.token_scores, k, params.coverage_gain, params.score_margin)
+        return select_by_coverage(scores, scored.token_scores, k, params.coverage_gain, params.score_margin,
+                                  margin_scores=scored.scores)
     if params.score_margin is not None:
-        return select_within_margin(scores, k, params.score_margin)
+        return select_within_margin(scores, k, params.score_margin, margin_scores=scored.scores)
     return select_top_chunks(scores, k)
 
 

@@ -122,21 +122,24 @@ def select_top_chunks(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(order[:k]).values
 
 
-def select_within_margin(scores: torch.Tensor, k: int, margin: float) -> torch.Tensor:
-    """The k best chunks (`select_top_chunks`) less those scoring more than `margin` below the best
-    one (the best is always kept), in document order. With likelihood scores (mean log-probability
-    a target token) the margin is in nats a token: a chunk that explains the question that much
-    worse than the best is left out rather than read (a decoy that shares the question's wording
-    but not its key, say)."""
+def select_within_margin(scores: torch.Tensor, k: int, margin: float,
+                         margin_scores: torch.Tensor | None = None) -> torch.Tensor:
+    """The k best chunks (`select_top_chunks`) less those whose `margin_scores` (default `scores`)
+    fall more than `margin` below the best one's (the best is always kept), in document order.
+    With likelihood scores (mean log-probability a target token) the margin is in nats a token: a
+    chunk that explains the question that much worse than the best is left out rather than read (a
+    decoy that shares the question's wording but not its key, say). Ranked by scores fused with a
+    keyword prior, the margin still reads the scorer's own: the prior's gaps are no likelihood."""
     chosen = select_top_chunks(scores, k)
     if chosen.numel() == 0:
         return chosen
-    best = scores[chosen].float().max()
-    return chosen[scores[chosen].float() >= best - margin]
+    judged = (scores if margin_scores is None else margin_scores)[chosen].float()
+    return chosen[judged >= judged.max() - margin]
 
 
 def select_by_coverage(scores: torch.Tensor, token_scores: torch.Tensor, k: int, min_gain: float,
-                       margin: float | None = None, pool: int | None = None) -> torch.Tensor:
+                       margin: float | None = None, pool: int | None = None,
+                       margin_scores: torch.Tensor | None = None) -> torch.Tensor:
     """Up to k chunks that together explain the question, in document order.
 
     scores [N] (the mean of each row of token_scores), token_scores [N, T]: log p of each target
@@ -146,7 +149,9 @@ def select_by_coverage(scores: torch.Tensor, token_scores: torch.Tensor, k: int,
     A chunk explaining another part of the question (one of several asked keys) is kept however
     low its mean; one that only repeats the question's wording (a decoy sharing it but not its
     key) adds nothing; the margin keeps second copies of the same fact (several values for one
-    key), which add nothing either but score as well as the best.
+    key), which add nothing either but score as well as the best. The margin compares
+    `margin_scores` (default `scores`): where `scores` are fused with a keyword prior, the
+    scorer's own, since a prior of several nats would leave such copies out (a list's values).
     """
     n = scores.numel()
     k = min(max(k, 0), n)
@@ -154,14 +159,15 @@ def select_by_coverage(scores: torch.Tensor, token_scores: torch.Tensor, k: int,
         return torch.zeros(0, dtype=torch.long)
     order = torch.sort(-scores.float(), stable=True).indices[: pool or 2 * k]
     ts = token_scores.float()
-    top = float(scores[order[0]])
+    judged = (scores if margin_scores is None else margin_scores).float()
+    top = float(judged[order[0]])
     kept = [int(order[0])]
     best = ts[order[0]].clone()  # [T]: per token, the best log-likelihood among the kept chunks
     for c in order[1:].tolist():
         if len(kept) == k:
             break
         better = torch.maximum(best, ts[c])
-        if (better - best).mean() > min_gain or (margin is not None and float(scores[c]) >= top - margin):
+        if (better - best).mean() > min_gain or (margin is not None and float(judged[c]) >= top - margin):
             kept.append(c)
             best = better
     return torch.sort(torch.tensor(kept)).values

@@ -250,11 +250,11 @@ class AskEvent:
     may_change: bool = False
 
 
-ANSWER_MEMO = "answer-v7"  # {"document_ids": [...], "result": AskResult as JSON}
+ANSWER_MEMO = "answer-v8"  # {"document_ids": [...], "result": AskResult as JSON}
 # Earlier versions' answers (another rule gave them), purged with a document as well: the memo
 # would evict them only by age, and a deleted document's answers must not outlive it.
-# v6: near copies of a span flagged, not mended
-RETIRED_ANSWER_MEMOS = ("answer-v2", "answer-v3", "answer-v4", "answer-v5", "answer-v6")
+# v6: near copies of a span flagged, not mended; v7: the selection's margin read the fused scores
+RETIRED_ANSWER_MEMOS = ("answer-v2", "answer-v3", "answer-v4", "answer-v5", "answer-v6", "answer-v7")
 # A PDF's extracted text and pages ({"text", "pages", "mime"}), by the document's id. "extracted"
 # held pypdf's text, which glues the words of some PDFs (app.pdf_text): never read again, deleted
 # with its document.

@@ -32,7 +32,7 @@ from typing import Any
 
 from engine.method.sentences import split_sentences
 from tools.pdf_questions import SOURCES, PdfSource, app_over, holds_answer, known_sources, read_passage_alone, read_pdf
-from training.cloze_questions import blanks, cloze_example, is_prose, occurrences
+from training.cloze_questions import cloze_example, occurrences
 from training.sentence_questions import context_window, questions_for
 
 KINDS = ("rule, training wording", "rule, held-out wording", "cloze", "parsed")
@@ -81,18 +81,13 @@ def probe_questions(source: str, text: str, per_kind: int, rng: random.Random,
 def _parsed_questions(source: str, paras: list[str], per_kind: int, parser: Any) -> list[ProbeQuestion]:
     """The first parsed question of each sentence of prose, in the paragraphs' order, whose answer
     its passage holds once."""
-    from training.parsed_questions import questions_of
+    from training.parsed_questions import askable_sentences, questions_of
 
     out: list[ProbeQuestion] = []
     for para in paras:
-        sents = [" ".join(s.split()) for s in split_sentences(para)]
-        for i, sentence in enumerate(sents):
+        for sentence, passage in askable_sentences(para, CONTEXT_CHARS):
             if len(out) >= per_kind:
                 return out
-            if len(sentence) > CONTEXT_CHARS or not is_prose(sentence) or not blanks(sentence):
-                continue
-            lo, hi = context_window(sents, i, CONTEXT_CHARS)
-            passage = " ".join(sents[lo:hi])
             made = [q for q in questions_of(parser(sentence)) if occurrences(passage, q.answer) == 1]
             if made:
                 out.append(ProbeQuestion(source, KINDS[3], passage, made[0].question, made[0].answer))

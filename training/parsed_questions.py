@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from training.cloze_questions import Blank, blanks, noised_words
+from engine.method.sentences import split_sentences
+from training.cloze_questions import Blank, blanks, is_prose, noised_words
+from training.sentence_questions import context_window
 
 # The shapes of question made, one per role of the blank's phrase (see the module's docstring).
 SHAPES = ("subject", "object", "copula", "preposition", "count", "which")
@@ -83,6 +85,17 @@ def load_parser() -> Any:
         except OSError:
             continue
     raise RuntimeError(f"none of spaCy's English pipelines {PARSER_PACKAGES} is installed: pip install -e '.[train]'")
+
+
+def askable_sentences(paragraph: str, context_chars: int) -> Iterator[tuple[str, str]]:
+    """(sentence, its context) for each sentence of prose of `paragraph` (cloze_questions.is_prose)
+    with a blank to ask, whitespace collapsed; the context is the sentence with its neighbours, at
+    most `context_chars` (sentence_questions.context_window). The parse is the caller's."""
+    sents = [" ".join(s.split()) for s in split_sentences(paragraph)]
+    for i, sentence in enumerate(sents):
+        if len(sentence) <= context_chars and is_prose(sentence) and blanks(sentence):
+            lo, hi = context_window(sents, i, context_chars)
+            yield sentence, " ".join(sents[lo:hi])
 
 
 def questions_of(doc: Any) -> list[ParsedQuestion]:

@@ -132,20 +132,13 @@ def parsed_question_examples(sources: dict[str, Iterable[str]], seed: int, conte
     context and its source's name; questions whose answer stands in the context more than once are
     left out (the answer would be a guess between them). Needs spaCy (the `train` extra); about 2
     minutes a million words on 2 cores."""
-    from training.cloze_questions import blanks, is_prose, occurrences
-    from training.parsed_questions import load_parser, questions_of, wordings
-    from training.sentence_questions import context_window
+    from training.cloze_questions import occurrences
+    from training.parsed_questions import askable_sentences, load_parser, questions_of, wordings
 
     parser = load_parser()
     rng = random.Random(seed)
-    asked: list[tuple[str, str, str]] = []  # (sentence, its context, its source)
-    for source, paragraphs in sources.items():
-        for paragraph in paragraphs:
-            sents = [" ".join(s.split()) for s in split_sentences(paragraph)]
-            for i, sent in enumerate(sents):
-                if len(sent) <= context_chars and is_prose(sent) and blanks(sent):
-                    lo, hi = context_window(sents, i, context_chars)
-                    asked.append((sent, " ".join(sents[lo:hi]), source))
+    asked = [(sentence, context, source) for source, paragraphs in sources.items() for paragraph in paragraphs
+             for sentence, context in askable_sentences(paragraph, context_chars)]
     out = []
     for (_, context, source), doc in zip(asked, parser.pipe((a[0] for a in asked), batch_size=batch_size),
                                          strict=True):

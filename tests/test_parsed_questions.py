@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from training.parsed_questions import load_parser, questions_of, wordings
+from training.parsed_questions import load_parser, parsed_question_examples, questions_of, wordings
 
 spacy = pytest.importorskip("spacy", reason="the parsed questions need spaCy (pip install -e '.[train]')")
 
@@ -75,8 +75,6 @@ def test_wordings_keep_the_wh_phrase_and_vary_the_rest(parser):
 
 
 def test_parsed_questions_over_sources_hold_their_answer_once_in_their_context():
-    from training.prepare import parsed_question_examples
-
     manuals = ["The daemon is configured in one file. The default port of the daemon is 8080. Restart it to apply.",
                "The library uses CRC-32C for checksums. Checksums are checked on read.",
                "The default port is 8080 here, and the old port 8080 is kept too."]  # twice: ambiguous

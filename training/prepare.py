@@ -18,7 +18,6 @@ import random
 import re
 import uuid
 from collections import Counter
-from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -27,6 +26,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from engine.method.sentences import split_sentences
 from engine.model.random_checkpoint import LLADA_CHAT_TEMPLATE, LLADA_SPECIALS
+from training.parsed_questions import parsed_question_examples
 from training.sentence_questions import questions_for
 
 VOCAB_SIZE = 8192
@@ -122,30 +122,6 @@ def sentence_question_examples(corpus_dir: Path, context_chars: int = 450) -> li
                 lo, hi = context_window(sents, i, context_chars)
                 n = len(TRAINING_WORDINGS[q.rule])
                 out.append({"context": " ".join(sents[lo:hi]), "answer": q.answer, "questions": list(q.questions[:n])})
-    return out
-
-
-def parsed_question_examples(sources: dict[str, Iterable[str]], seed: int, context_chars: int = 450,
-                             batch_size: int = 512) -> list[dict]:
-    """training.parsed_questions over every sentence of prose of each source's paragraphs: each
-    question in its wordings, with the sentence's neighbours (at most `context_chars`) as its
-    context and its source's name; questions whose answer stands in the context more than once are
-    left out (the answer would be a guess between them). Needs spaCy (the `train` extra); about 2
-    minutes a million words on 2 cores."""
-    from training.cloze_questions import occurrences
-    from training.parsed_questions import askable_sentences, load_parser, questions_of, wordings
-
-    parser = load_parser()
-    rng = random.Random(seed)
-    asked = [(sentence, context, source) for source, paragraphs in sources.items() for paragraph in paragraphs
-             for sentence, context in askable_sentences(paragraph, context_chars)]
-    out = []
-    for (_, context, source), doc in zip(asked, parser.pipe((a[0] for a in asked), batch_size=batch_size),
-                                         strict=True):
-        for q in questions_of(doc):
-            if occurrences(context, q.answer) == 1:
-                out.append({"context": context, "answer": q.answer, "questions": wordings(q, rng), "shape": q.shape,
-                            "source": source})
     return out
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -66,11 +67,14 @@ class GraphedCall:
         with torch.cuda.stream(stream):
             result = self.fn()
             try:
+                start = time.perf_counter()
                 graph.capture_begin(**({"pool": self.pool} if self.pool is not None else {}))
                 try:
                     out = self.fn()
                 finally:
                     graph.capture_end()
+                # A capture costs its host time on the path of a question: worth seeing under load.
+                logger.info("captured the %s in %.0f ms", self.what, 1000 * (time.perf_counter() - start))
             except RuntimeError as e:  # e.g. an allocator or driver limit: eager is slower, not wrong
                 logger.warning("CUDA graph capture of the %s failed (%s); running it eagerly", self.what, e)
                 self.use_graph = False

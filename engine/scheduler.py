@@ -281,10 +281,13 @@ class AnswerScheduler:
                     self._waiting.remove(submitted)  # its asker left while it waited: it never runs
                     self._pending -= 1
                     submitted.handle._events.put(_DONE)
-                room = self.max_batch - len(self._active) - len(self._admitting)
-                newcomers = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
-            if newcomers:
+                newcomers = self._take_waiting(self.max_batch)
+            while newcomers:
                 self._draft(newcomers)
+                # Those who arrived during the draft are drafted too before the preparation, so a
+                # burst is prepared in one set of shared passes, not split at its first arrivals.
+                with self._wake:
+                    newcomers = self._take_waiting(self.max_prepare)
             # Newcomers are prepared between two steps of the questions decoding, at most
             # max_prepare at a time, so that a burst of arrivals does not stall them for all of it.
             if self._admitting:
@@ -299,6 +302,12 @@ class AnswerScheduler:
             self._end(active, SchedulerStopped("the server is stopping"))
         for submitted in list(self._waiting) + [s for s, _ in self._admitting]:
             submitted.handle._events.put(SchedulerStopped("the server is stopping"))
+
+    def _take_waiting(self, admitted: int) -> list[_Submitted]:
+        """Takes waiting questions off the queue (the caller holds `_wake`) while the batch has
+        room and fewer than `admitted` are being admitted."""
+        room = min(self.max_batch - len(self._active), admitted) - len(self._admitting)
+        return [self._waiting.popleft() for _ in range(max(0, min(room, len(self._waiting))))]
 
     def _draft(self, newcomers: list[_Submitted]) -> None:
         """The newcomers' prompts, and their drafts in one batched pass; each joins `_admitting`

@@ -107,7 +107,8 @@ def test_steps_decided_in_one_batch_equal_each_question_alone(engines, family):
 
 def test_a_batch_keeps_rows_as_questions_come_and_go(engines):
     """Rows of the batched step are kept by their contexts: a question leaving frees its row for a
-    newcomer, the others are not copied again."""
+    newcomer, the others are not copied again; a batch that shrinks keeps its buffers, moving a
+    question beyond the smaller forward's rows down, and grows back into them."""
     engine = engines["dream"]
     runner = engine.runner
     docs = _documents(engine, 4)
@@ -129,8 +130,13 @@ def test_a_batch_keeps_rows_as_questions_come_and_go(engines):
     assert batch._step is step
     for i, row in ((3, rows[0]), (1, rows[1]), (2, rows[2])):
         assert [j for j, m in enumerate(step.members) if m is requests[i].decoder.ctx] == row
-    check([3])  # one question: a one-row step
-    assert batch._step is not step and all(m is None for m in step.members)  # the old rows let go
+    assert rows[1] != [0]
+    check([1])  # one question: the step's one-row forward, 1 moved down into row 0
+    assert batch._step is step and step.members[0] is requests[1].decoder.ctx
+    assert all(m is None for m in step.members[1:])  # the others' rows let go
+    assert not step.valid[rows[1][0], :step.context_len].any()
+    check([0, 3, 1, 2])  # grown back to four: the same buffers
+    assert batch._step is step and step.members[0] is requests[1].decoder.ctx
     batch.clear()
     assert batch._step is None
 
@@ -455,5 +461,32 @@ def test_a_failed_shared_pass_lets_each_question_run_its_own(engines, monkeypatc
     monkeypatch.setattr(scheduler_module, "static_contexts", out_of_memory)
     events, scheduler = asked_together(engine, asks, max_batch=8)  # they arrive, and are prepared, together
     assert max(scheduler.prepared_together) > 1
+    for a, b in zip(alone, [e[-1] for e in events], strict=True):
+        assert isinstance(b, AnswerResult) and b.answer_ids == a.answer_ids
+
+
+def test_questions_arriving_during_a_draft_are_prepared_with_it(engines, monkeypatch):
+    """A burst whose first question is already being drafted when the others arrive is prepared
+    in one set of shared passes, not split at its first arrival; each answers as it would alone."""
+    import engine.scheduler as scheduler_module
+
+    engine = engines["dream"]
+    docs = _documents(engine, 4)
+    asks = [(docs[i], f"Which berth is number {i}?", _params()) for i in range(4)]
+    alone = [engine.answer(doc, q, p) for doc, q, p in asks]
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=8)
+    handles, real_draft = [], scheduler_module.draft_answers
+
+    def draft_while_the_rest_arrive(*args, **kwargs):
+        if len(handles) == 1:  # the first question's draft: the other three arrive now
+            handles.extend(scheduler.submit([doc], q, p) for doc, q, p in asks[1:])
+        return real_draft(*args, **kwargs)
+    monkeypatch.setattr(scheduler_module, "draft_answers", draft_while_the_rest_arrive)
+    try:
+        handles.append(scheduler.submit([asks[0][0]], asks[0][1], asks[0][2]))
+        events = [list(h) for h in handles]
+    finally:
+        scheduler.close()
+    assert scheduler.prepared_together == {4: 1}
     for a, b in zip(alone, [e[-1] for e in events], strict=True):
         assert isinstance(b, AnswerResult) and b.answer_ids == a.answer_ids

@@ -145,9 +145,11 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
                  + (f", peak {phase.peak_gib:.1f} GiB (documents {documents_gib:.1f})" if phase.peak_gib else ""))
 
     try:
-        # Warm-up, untimed: compilation, CUDA graphs, the allocator's growth to a full batch.
+        # Warm-up, untimed: compilation, CUDA graphs, the allocator's growth to a full batch; a
+        # question alone too (it may take another layout, compiled and captured on its own).
         _threads([lambda i=i: list(scheduler.submit(documents(i), prompts[i], params)) for i in range(concurrency)])
         _threads([lambda i=i: list(scheduler.submit(documents(i), prompts[i], params)) for i in range(concurrency)])
+        list(scheduler.submit(documents(0), prompts[0], params))
         single = _Phase(scheduler, "single")
         for i in range(min(concurrency, 4)):
             single.ask(documents(i), prompts[i], params)

@@ -392,7 +392,7 @@ class StaticDecoder:
 
 
 BATCH_CONTEXT_ROUND = 256  # a batch's padded context length is rounded up to this (fewer captured shapes)
-MAX_BATCH_STEPS = 2  # batched step shapes (each with its buffers and graph) a runner keeps
+MAX_BATCH_STEPS = 2  # batched steps (one a block length, each with its buffers and graphs) a runner keeps
 
 
 def batch_rows(n: int) -> int:
@@ -417,25 +417,49 @@ class _BatchedLayerCache:
         return out
 
 
+class _RowsForward:
+    """The batched block forward over the first `rows` rows of a step's buffers (views of them),
+    with its own captured graph on CUDA. Holds no reference to the step: the step holds it."""
+
+    def __init__(self, step: _BatchedStep, rows: int) -> None:
+        self.runner = step.runner
+        self.layers = [_BatchedLayerCache(c.keys[:rows], c.values[:rows], step.valid[:rows], step.runner)
+                       for c in step.layers]
+        self.ids, self.positions, self.logit_rows = step.ids[:rows], step.positions[:rows], step.logit_rows
+        self.call = GraphedCall(self._run, self.runner.uses_graphs, f"batched decode step ({rows} rows)",
+                                kept_pool(self.runner, ANSWER_GRAPHS))
+
+    def _run(self) -> torch.Tensor:
+        return self.runner.forward(self.ids, self.positions, full_mask(), past=self.layers,
+                                   logits_rows=self.logit_rows, return_kv=False).logits  # [rows, block (+1), V]
+
+
 class _BatchedStep:
-    """The batched block forward at one shape (`rows` questions, contexts padded to `context_len`,
-    `block_length` slots each): fixed-address buffers and, on CUDA, one captured graph.
+    """The batched block forward for up to `capacity` questions (a power of two), contexts padded
+    to `context_len`, `block_length` slots each: fixed-address buffers and, on CUDA, one captured
+    graph per row count (a power of two), each over the buffers' first rows. A batch that grows or
+    shrinks within the capacity keeps its questions' rows and graphs: nothing is copied or captured
+    again as questions come and go.
 
     Each context is copied into a row once, when its question joins (or its context changes at a
-    block's end); a step then copies only the blocks' ids and positions. Rows without a question
-    see only their own block (their keys are masked out) and their logits are ignored.
+    block's end, or the batch shrinks past its row); a step then copies only the blocks' ids and
+    positions. Rows without a question see only their own block (their keys are masked out) and
+    their logits are ignored.
     """
 
-    def __init__(self, runner: Runner, rows: int, context_len: int, block_length: int, like: torch.Tensor) -> None:
+    def __init__(self, runner: Runner, capacity: int, context_len: int, block_length: int,
+                 like: torch.Tensor) -> None:
+        if capacity != batch_rows(capacity):
+            raise ValueError(f"a batched step's capacity is a power of two, got {capacity}")
         cfg, device = runner.cfg, runner.device
-        self.runner, self.rows, self.context_len, self.block_length = runner, rows, context_len, block_length
-        shape = (rows, cfg.num_kv_heads, context_len + block_length, cfg.head_dim)
-        self.valid = torch.zeros(rows, context_len + block_length, dtype=torch.bool, device=device)
+        self.runner, self.capacity, self.context_len, self.block_length = runner, capacity, context_len, block_length
+        shape = (capacity, cfg.num_kv_heads, context_len + block_length, cfg.head_dim)
+        self.valid = torch.zeros(capacity, context_len + block_length, dtype=torch.bool, device=device)
         self.valid[:, context_len:] = True
         self.layers = [_BatchedLayerCache(like.new_zeros(shape), like.new_zeros(shape), self.valid, runner)
                        for _ in range(cfg.num_layers)]
-        self.ids = torch.full((rows, block_length), cfg.mask_token_id, dtype=torch.long, device=device)
-        self.positions = torch.zeros(rows, block_length, dtype=torch.long, device=device)
+        self.ids = torch.full((capacity, block_length), cfg.mask_token_id, dtype=torch.long, device=device)
+        self.positions = torch.zeros(capacity, block_length, dtype=torch.long, device=device)
         # Block row j's logits predict block slot j (for a shifted model slot 0 takes the anchor); a
         # shifted model's logits add the block's last row, the next block's anchor once it is settled
         # (computed at every step for every row, since a graph has one shape: one lm_head row more).
@@ -443,23 +467,26 @@ class _BatchedStep:
         if cfg.logits_shifted:
             rows_for_slots = torch.cat((rows_for_slots, torch.tensor([block_length - 1])))
         self.logit_rows = rows_for_slots.to(device)
-        self.members: list[FixedContext | None] = [None] * rows  # held: no new context can take their ids
-        self._call = GraphedCall(self._run, runner.uses_graphs, "batched decode step", kept_pool(runner, ANSWER_GRAPHS))
-
-    def _run(self) -> torch.Tensor:
-        return self.runner.forward(self.ids, self.positions, full_mask(), past=self.layers,
-                                   logits_rows=self.logit_rows, return_kv=False).logits  # [rows, block (+1), V]
+        self.members: list[FixedContext | None] = [None] * capacity  # held: no new context can take their ids
+        self._forwards: dict[int, _RowsForward] = {}  # by row count
 
     def release(self) -> None:
         """Forgets the members (their contexts' memory is the questions'; the buffers stay)."""
-        self.members = [None] * self.rows
+        self.members = [None] * self.capacity
 
     def place(self, contexts: list[FixedContext]) -> list[int]:
-        """The row of each context: a context already in a row keeps it; rows of contexts no longer
-        asked for are freed; a new one is copied into a free row."""
+        """The row of each context, all below `batch_rows(len(contexts))` (the forward's rows): a
+        context already in such a row keeps it; rows of contexts no longer asked for are freed; a
+        context beyond them moves down, a new one is copied into the lowest free row."""
+        within = batch_rows(len(contexts))
+        if within > self.capacity:
+            raise ValueError(f"{len(contexts)} contexts in a step of {self.capacity} rows")
         for row, member in enumerate(self.members):
             if member is not None and not any(member is c for c in contexts):
                 self.let_go(row)
+        for row in range(within, self.capacity):
+            if self.members[row] is not None:
+                self._move(row, self.members.index(None))
         rows = []
         for ctx in contexts:
             row = next((i for i, m in enumerate(self.members) if m is ctx), None)
@@ -468,6 +495,15 @@ class _BatchedStep:
                 self._fill(row, ctx)
             rows.append(row)
         return rows
+
+    def _move(self, source: int, target: int) -> None:
+        """The member of row `source` (context and active block's KV) into the free row `target`."""
+        for layer in self.layers:
+            layer.keys[target] = layer.keys[source]
+            layer.values[target] = layer.values[source]
+        self.valid[target] = self.valid[source]
+        self.members[target] = self.members[source]
+        self.let_go(source)
 
     def _fill(self, row: int, ctx: FixedContext) -> None:
         n = ctx.key_valid.shape[1]
@@ -506,13 +542,17 @@ class _BatchedStep:
         self.members[row] = ctx
 
     def __call__(self, rows: list[int], ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits [rows, block, V] (a shifted model's [rows, block + 1, V]: the last, each block's last
-        row's) with `ids` and `positions` ([n, block]) in `rows`; the tensor is overwritten by the
-        next call (read what is needed first)."""
+        """Logits [R, block, V] (a shifted model's [R, block + 1, V]: the last, each block's last
+        row's), R the power of two past the highest of `rows`, with `ids` and `positions` ([n,
+        block]) in `rows`; the tensor is overwritten by the next call (read what is needed first)."""
         index = torch.tensor(rows, device=self.ids.device)
         self.ids.index_copy_(0, index, ids)
         self.positions.index_copy_(0, index, positions)
-        return self._call()
+        count = batch_rows(max(rows) + 1)
+        forward = self._forwards.get(count)
+        if forward is None:
+            forward = self._forwards[count] = _RowsForward(self, count)
+        return forward.call()
 
 
 class StaticBatch:
@@ -521,8 +561,8 @@ class StaticBatch:
     Each row attends to its own context (prefix, placed chunks, question, finished blocks), padded
     with masked-out keys to the batch's length, and to its own active block; positions are each
     row's own, so padding changes no rotation. The forward runs over fixed buffers (`_BatchedStep`,
-    kept by the runner per batch size and block length, a captured CUDA graph on CUDA), into which
-    a question's context is copied once when it joins.
+    kept by the runner per block length; on CUDA a captured graph per batch size), into which a
+    question's context is copied once when it joins.
     """
 
     def __init__(self, runner: Runner) -> None:
@@ -555,9 +595,14 @@ class StaticBatch:
         need = max(r.decoder.ctx.key_valid.shape[1] + (block if isinstance(r, BlockDone) else 0) for r in requests)
         length = -(-need // BATCH_CONTEXT_ROUND) * BATCH_CONTEXT_ROUND
         like = decoders[0].ctx.kv[0][0]
-        step = self.runner.kept("batched static step", (rows, block), MAX_BATCH_STEPS,
-                                lambda: _BatchedStep(self.runner, rows, length, block, like),
-                                fits=lambda s: s.context_len >= need and s.layers[0].keys.dtype == like.dtype)
+        # A step made anew (more rows, longer contexts) keeps the old one's capacity: a batch that
+        # shrank and grows again finds its rows and graphs.
+        kept = self.runner.kept_items("batched static step").get(block)
+        capacity = max(rows, kept.capacity if kept is not None else 1)
+        step = self.runner.kept("batched static step", block, MAX_BATCH_STEPS,
+                                lambda: _BatchedStep(self.runner, capacity, length, block, like),
+                                fits=lambda s: s.capacity >= rows and s.context_len >= need
+                                and s.layers[0].keys.dtype == like.dtype)
         if step is not self._step:
             self.clear()
             self._step = step

@@ -84,7 +84,7 @@ class DocumentScores:
 
 
 DRAFT_ROUND = 16  # the prompt is padded to a multiple of this: one captured graph serves many questions
-MAX_DRAFT_PASSES = 4  # draft passes (padded prompt sizes) a runner keeps, least recently used dropped
+MAX_DRAFT_PASSES = 16  # draft passes (padded prompt size x batch: small buffers) a runner keeps, LRU dropped
 # Scoring passes a runner keeps (each a captured graph): a 128K-token document is scored in 3
 # passes per question size at Dream-7B's shape, 10 at LLaDA-8B's (4 folds). The graphs share one
 # memory pool, so what each one adds is its small outputs.

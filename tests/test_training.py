@@ -584,7 +584,7 @@ def test_questions_over_a_context_hold_their_answer_or_say_not_found(task, items
     layout = make_layout(BUNDLED_MODEL, model_config(TOK))
     sampler = TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=5,
                           task_weights={task: 1})
-    not_found = 0
+    not_found = near_misses = 0
     for _ in range(100):
         ex = sampler.sample(4, scoring_share=0.0)
         question = TOK.decode(ex.question_ids)
@@ -593,9 +593,12 @@ def test_questions_over_a_context_hold_their_answer_or_say_not_found(task, items
         if answer == relations.NOT_FOUND:
             not_found += 1
             assert not any("default timeout" in TOK.decode(c) for c in ex.chunks)
+            # a near miss: the answer's neighbours shown without it
+            near_misses += any("Options are read at start. Restart to apply." in TOK.decode(c) for c in ex.chunks)
         else:
             assert any(f"default timeout is {answer} seconds" in TOK.decode(c) for c in ex.chunks)
     assert 3 < not_found < 35
+    assert 0 < near_misses < not_found
     with pytest.raises(ValueError, match=f"{task} task needs"):
         TaskSampler(_corpus() | {"text_paragraphs": corpus["text_paragraphs"]}, lambda s: TOK.encode(s).ids,
                     TOK.decode, layout, 128, 64, seed=3, task_weights={task: 1})

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from training import relations
+from engine.method.sentences import split_sentences
 from training.cloze_questions import cloze_example
 
 ROLE_PAD, ROLE_PREFIX, ROLE_CHUNK, ROLE_QUERY, ROLE_ANSWER = -1, 0, 1, 2, 3
@@ -59,6 +60,10 @@ TASK_WEIGHTS = {"niah": 10, "kv_retrieval": 2, "hotpot": 3, "which_document": 2,
                 "lookup_generated": 0, "text_denoising": 0, "text_mdm": 0, "lookup_near": 0,
                 "lookup_dressed": 0, "cloze_qa": 0, "parsed_qa": 0}
 LOOKUP_NOT_FOUND_SHARE = 0.15
+# Of the questions asked over a real context that are not answerable, this share see the context
+# without its answer's sentence: passages on the question's topic that do not hold its answer, as
+# a search finds for a question the document cannot answer (the others see unrelated text only).
+NEAR_MISS_SHARE = 0.5
 # lookup_near asks a list family this share of the time (the table's 7 training list families are
 # 4% of plain lookups; on the held-out sets a list question is the likeliest miss).
 LOOKUP_NEAR_LIST_SHARE = 0.3
@@ -421,7 +426,8 @@ class TaskSampler:
 
     def _asked_over_context(self, item: dict, k: int) -> Example:
         """`item`'s question (one of its wordings) over its context in one of k chunks of real text;
-        sometimes (the lookup task's share) the context is left out and the answer is "not found"."""
+        sometimes (the lookup task's share) the answer is "not found": the context left out, or (a
+        near miss, NEAR_MISS_SHARE of them) shown without the sentences that hold the answer."""
         r = self.rng
         chunks = [self._chunk_with([], "text") for _ in range(k)]
         context = self.encode(" " + item["context"])[: self.c - 1]
@@ -429,6 +435,10 @@ class TaskSampler:
         answerable = r.random() >= LOOKUP_NOT_FOUND_SHARE and item["answer"] in self.decode(context)
         if answerable:
             chunks[r.randrange(k)] = context
+        elif r.random() < NEAR_MISS_SHARE:
+            rest = " ".join(s for s in split_sentences(item["context"]) if item["answer"] not in s)
+            if rest:
+                chunks[r.randrange(k)] = self.encode(" " + rest)[: self.c - 1]
         answer = item["answer"] if answerable else relations.NOT_FOUND
         return Example(chunks, self.encode(r.choice(item["questions"])), self._answer(answer))
 

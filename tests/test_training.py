@@ -583,7 +583,7 @@ def test_questions_over_a_context_hold_their_answer_or_say_not_found(task, items
                           items_key: items}
     layout = make_layout(BUNDLED_MODEL, model_config(TOK))
     sampler = TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=5,
-                          task_weights={task: 1})
+                          task_weights={task: 1}, near_miss_share=0.5)
     not_found = near_misses = 0
     for _ in range(100):
         ex = sampler.sample(4, scoring_share=0.0)
@@ -599,6 +599,17 @@ def test_questions_over_a_context_hold_their_answer_or_say_not_found(task, items
             assert any(f"default timeout is {answer} seconds" in TOK.decode(c) for c in ex.chunks)
     assert 3 < not_found < 35
     assert 0 < near_misses < not_found
+    # Without near misses (the default), the stream is the one drawn before they existed: an
+    # unanswerable question sees unrelated text only.
+    plain = TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=5,
+                        task_weights={task: 1})
+    for _ in range(100):
+        ex = plain.sample(4, scoring_share=0.0)
+        assert not any("Restart to apply." in TOK.decode(c) for c in ex.chunks) or \
+            any("default timeout is" in TOK.decode(c) for c in ex.chunks)
+    with pytest.raises(ValueError, match="near_miss_share"):
+        TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=5,
+                    task_weights={task: 1}, near_miss_share=1.5)
     with pytest.raises(ValueError, match=f"{task} task needs"):
         TaskSampler(_corpus() | {"text_paragraphs": corpus["text_paragraphs"]}, lambda s: TOK.encode(s).ids,
                     TOK.decode, layout, 128, 64, seed=3, task_weights={task: 1})
@@ -737,3 +748,32 @@ def test_parsed_qa_draws_each_source_as_often_however_many_questions_it_has():
     asked = [TOK.decode(sampler.sample(4, scoring_share=0.0).question_ids) for _ in range(200)]
     from_corpus = sum(q == "What is the default timeout of tool 0?" for q in asked)
     assert 70 < from_corpus < 130  # one question of ten, drawn half of the time
+
+
+def test_hotpot_near_misses_ask_over_the_distractors_alone():
+    """With near misses, some HotpotQA questions are asked over their distractor paragraphs alone
+    (retrieved for the question, without its answer) and answered "not found"; never where the
+    answer also stands in a distractor; none by default."""
+    from training import relations
+
+    layout = make_layout(BUNDLED_MODEL, model_config(TOK))
+
+    def answers(corpus, share):
+        sampler = TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=4,
+                              task_weights={"hotpot": 1}, near_miss_share=share)
+        out = []
+        for _ in range(200):
+            ex = sampler.sample(2, scoring_share=0.0)
+            out.append((TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip(),
+                        " ".join(TOK.decode(c) for c in ex.chunks)))
+        return out
+
+    drawn = answers(_corpus(), 1.0)
+    missed = [text for answer, text in drawn if answer == relations.NOT_FOUND]
+    assert 10 < len(missed) < 60  # about the lookup task's share, 15%
+    assert not any("Alder 3." in text for text in missed)
+    assert all("Alder 3." in text for answer, text in drawn if answer != relations.NOT_FOUND)
+    assert all(answer != relations.NOT_FOUND for answer, _ in answers(_corpus(), 0.0))
+    everywhere = _corpus() | {"qa": [{"question": "Which kind of place?", "answer": "town", "gold": [3],
+                                      "paragraphs": [3, 4, 5]}]}
+    assert all(answer == "town" for answer, _ in answers(everywhere, 1.0))

@@ -60,10 +60,6 @@ TASK_WEIGHTS = {"niah": 10, "kv_retrieval": 2, "hotpot": 3, "which_document": 2,
                 "lookup_generated": 0, "text_denoising": 0, "text_mdm": 0, "lookup_near": 0,
                 "lookup_dressed": 0, "cloze_qa": 0, "parsed_qa": 0}
 LOOKUP_NOT_FOUND_SHARE = 0.15
-# Of the questions asked over a real context that are not answerable, this share see the context
-# without its answer's sentence: passages on the question's topic that do not hold its answer, as
-# a search finds for a question the document cannot answer (the others see unrelated text only).
-NEAR_MISS_SHARE = 0.5
 # lookup_near asks a list family this share of the time (the table's 7 training list families are
 # 4% of plain lookups; on the held-out sets a list question is the likeliest miss).
 LOOKUP_NEAR_LIST_SHARE = 0.3
@@ -95,8 +91,15 @@ class TaskSampler:
     def __init__(self, corpus: dict, encode, decode, layout: Layout, chunk_size: int, answer_len: int,
                  seed: int, task_weights: dict[str, float] | None = None,
                  niah_variant_weights: dict[str, float] | None = None,
-                 multiquery_keys: tuple[int, ...] | None = None) -> None:
+                 multiquery_keys: tuple[int, ...] | None = None, near_miss_share: float = 0.0) -> None:
         self.rng = random.Random(seed)
+        # Of the unanswerable examples of the tasks that ask over real text (sentence_qa, parsed_qa,
+        # hotpot), the share that are near misses: passages on the question's topic that do not hold
+        # its answer, as a search finds for a question the document cannot answer. 0 draws the
+        # streams of the runs before near misses existed.
+        if not 0.0 <= near_miss_share <= 1.0:
+            raise ValueError(f"near_miss_share must be within [0, 1], got {near_miss_share}")
+        self.near_miss_share = near_miss_share
         # How many keys a multi-query question asks for, drawn uniformly from this list; None draws
         # 2-4 uniformly (the default stream). RULER's niah_multiquery always asks for 4.
         if multiquery_keys is not None and (not multiquery_keys or any(not 1 <= n <= 4 for n in multiquery_keys)):
@@ -306,12 +309,25 @@ class TaskSampler:
         gold = list(dict.fromkeys(qa["gold"]))[:k]
         others = [p for p in qa["paragraphs"] if p not in gold]
         r.shuffle(others)
-        picked = gold + others[: max(0, k - len(gold))]
-        while len(picked) < k:
-            picked.append(r.randrange(len(self.par_off) - 1))
+
+        def filled(ids: list[int]) -> list[int]:  # up to k paragraphs: random ones after the question's
+            while len(ids) < k:
+                ids.append(r.randrange(len(self.par_off) - 1))
+            return ids
+
+        # A near miss (the rate the context tasks have): the question over its distractors alone,
+        # paragraphs retrieved for it that do not hold the answer.
+        picked = None
+        if self.near_miss_share and r.random() < LOOKUP_NOT_FOUND_SHARE * self.near_miss_share:
+            picked = filled(others[:k])
+            if any(qa["answer"] in self.decode(self.par_tok[self.par_off[p]:self.par_off[p + 1]].tolist())
+                   for p in picked):
+                picked = None  # the answer stands in a distractor too: asked over its gold paragraphs
+        answer = qa["answer"] if picked is None else relations.NOT_FOUND
+        picked = picked or filled(gold + others[: max(0, k - len(gold))])
         r.shuffle(picked)
         chunks = [self._paragraph(p, n + 1) for n, p in enumerate(picked)]
-        return Example(chunks, self.encode(qa["question"]), self._answer(qa["answer"]))
+        return Example(chunks, self.encode(qa["question"]), self._answer(answer))
 
     def which_document(self, k: int) -> Example:
         r = self.rng
@@ -427,7 +443,7 @@ class TaskSampler:
     def _asked_over_context(self, item: dict, k: int) -> Example:
         """`item`'s question (one of its wordings) over its context in one of k chunks of real text;
         sometimes (the lookup task's share) the answer is "not found": the context left out, or (a
-        near miss, NEAR_MISS_SHARE of them) shown without the sentences that hold the answer."""
+        near miss, `near_miss_share` of them) shown without the sentences that hold the answer."""
         r = self.rng
         chunks = [self._chunk_with([], "text") for _ in range(k)]
         context = self.encode(" " + item["context"])[: self.c - 1]
@@ -435,7 +451,7 @@ class TaskSampler:
         answerable = r.random() >= LOOKUP_NOT_FOUND_SHARE and item["answer"] in self.decode(context)
         if answerable:
             chunks[r.randrange(k)] = context
-        elif r.random() < NEAR_MISS_SHARE:
+        elif self.near_miss_share and r.random() < self.near_miss_share:
             rest = " ".join(s for s in split_sentences(item["context"]) if item["answer"] not in s)
             if rest:
                 chunks[r.randrange(k)] = self.encode(" " + rest)[: self.c - 1]

@@ -69,6 +69,17 @@ def _key_counts(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected numbers like 3,4,4, got {text!r}") from e
 
 
+def _share(text: str) -> float:
+    """'0.5' -> 0.5, a share within [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected a number within [0, 1], got {text!r}") from e
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number within [0, 1], got {text!r}")
+    return value
+
+
 def model_config(tok: Tokenizer, num_layers: int = 8, hidden_size: int = 384, num_kv_heads: int = 2) -> ModelConfig:
     """The bundled model's architecture (8 x 384 by default); heads of 64, 2 KV heads, SwiGLU 3x."""
     if hidden_size % 64:
@@ -96,23 +107,24 @@ def make_layout(model_dir: Path, cfg: ModelConfig) -> Layout:
 
 
 def task_sampler(corpus_path: Path, model_dir: Path, layout: Layout, seed: int, task_weights: dict[str, float],
-                 niah_variant_weights: dict[str, float], multiquery_keys: tuple[int, ...] | None = None) -> TaskSampler:
+                 niah_variant_weights: dict[str, float], multiquery_keys: tuple[int, ...] | None = None,
+                 near_miss_share: float = 0.0) -> TaskSampler:
     """The training's example source: the prepared corpus, the model's tokenizer, chunks of
     CHUNK_SIZE and answers of ANSWER_LEN tokens."""
     corpus = torch.load(corpus_path, weights_only=False)
     tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
     return TaskSampler(corpus, lambda s: tok.encode(s).ids, tok.decode, layout, CHUNK_SIZE, ANSWER_LEN, seed=seed,
                        task_weights=task_weights, niah_variant_weights=niah_variant_weights,
-                       multiquery_keys=multiquery_keys)
+                       multiquery_keys=multiquery_keys, near_miss_share=near_miss_share)
 
 
 class Batches(torch.utils.data.IterableDataset):
     """Endless batches; each worker has its own seeded sampler; the stage comes from a shared value."""
 
     def __init__(self, corpus_path, model_dir, cfg, layout, batch_size, seed, stage, task_weights,
-                 niah_variant_weights, multiquery_keys=None) -> None:
+                 niah_variant_weights, multiquery_keys=None, near_miss_share=0.0) -> None:
         self.corpus_path, self.model_dir, self.cfg = corpus_path, model_dir, cfg
-        self.multiquery_keys = multiquery_keys
+        self.multiquery_keys, self.near_miss_share = multiquery_keys, near_miss_share
         self.layout, self.batch_size, self.seed, self.stage = layout, batch_size, seed, stage
         self.task_weights, self.niah_variant_weights = task_weights, niah_variant_weights
 
@@ -120,7 +132,8 @@ class Batches(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         wid = info.id if info else 0
         sampler = task_sampler(self.corpus_path, self.model_dir, self.layout, self.seed * 1000 + wid,
-                               self.task_weights, self.niah_variant_weights, self.multiquery_keys)
+                               self.task_weights, self.niah_variant_weights, self.multiquery_keys,
+                               self.near_miss_share)
         rng = random.Random(self.seed * 7919 + wid)
         while True:
             ks = CURRICULUM[self.stage.value][1]
@@ -248,6 +261,9 @@ def main() -> None:
     ap.add_argument("--multiquery-keys", type=_key_counts, default=None,
                     help="keys a multi-query question asks for, drawn uniformly from this list, e.g. 3,4,4 "
                          "(default: 2-4 uniformly)")
+    ap.add_argument("--near-miss-share", type=_share, default=0.0,
+                    help="of the unanswerable examples of sentence_qa, parsed_qa and hotpot, the share shown "
+                         "passages on the question's topic without its answer (default 0: none)")
     ap.add_argument("--no-compile", action="store_true", help="run the layers eagerly on CUDA too")
     args = ap.parse_args()
     rank, world = _start_data_parallel()
@@ -302,7 +318,7 @@ def main() -> None:
     data_seed = args.seed + step + 1_000_003 * rank
     data = torch.utils.data.DataLoader(
         Batches(args.data / "corpus.pt", args.model_dir, cfg, layout, args.batch_size, data_seed, stage,
-                args.task_weights, args.niah_variant_weights, args.multiquery_keys),
+                args.task_weights, args.niah_variant_weights, args.multiquery_keys, args.near_miss_share),
         batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0,
         prefetch_factor=4 if args.workers > 0 else None, pin_memory=device.type == "cuda")
     gen = torch.Generator(device=device).manual_seed(data_seed)
@@ -379,7 +395,7 @@ def main() -> None:
             "seed": args.seed,
             "parameters": n_params, "chunk_size": CHUNK_SIZE, "curriculum": CURRICULUM,
             "task_weights": args.task_weights, "niah_variant_weights": args.niah_variant_weights,
-            "multiquery_keys": args.multiquery_keys,
+            "multiquery_keys": args.multiquery_keys, "near_miss_share": args.near_miss_share,
             "init_from": str(args.init_from) if args.init_from else None, "start_stage": args.start_stage,
             "pool_kv_heads": args.pool_kv_heads,
             "lr": args.lr, "total_minutes": args.total_minutes}

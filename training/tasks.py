@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from training import relations
 from engine.method.sentences import split_sentences
+from training import relations
 from training.cloze_questions import cloze_example
 
 ROLE_PAD, ROLE_PREFIX, ROLE_CHUNK, ROLE_QUERY, ROLE_ANSWER = -1, 0, 1, 2, 3

@@ -83,3 +83,16 @@ def test_bench_concurrency_with_fewer_steps_and_a_prefilter():
                             progress=lambda line: None, block_length=8)
     # Two blocks: a question alone steps 16 times, and its first block is refreshed as a row once.
     assert blocks[0].batch_sizes == {1: 2 * (16 + 1)}
+
+
+def test_bench_concurrency_with_the_documents_held_on_the_host():
+    """The documents' KV held in host memory, each question's loader copying its document (or its
+    prefiltered candidates) to the device: the same step counts as with the documents resident."""
+    from tools import load_bench
+
+    for prefilter in (0, 4):
+        phases = load_bench.run("tiny", 2, 256, 16, "cpu", chunk_size=32, top_k=2, rounds=1, poisson_questions=2,
+                                progress=lambda line: None, prefilter=prefilter, documents_on="host")
+        assert phases[0].batch_sizes == {1: 2 * 16} and max(phases[1].batch_sizes) == 2
+    with pytest.raises(ValueError, match="documents_on"):
+        load_bench.run("tiny", 2, 256, 16, "cpu", chunk_size=32, top_k=2, documents_on="disk")

@@ -114,6 +114,10 @@ def _build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--max-prepare", type=int, default=8, metavar="Q",
                     help="with --concurrency: newcomers the scheduler prepares between two steps, their chunks "
                          "scored in shared passes (default 8, the app's)")
+    bn.add_argument("--documents-on", choices=("device", "host"), default="device",
+                    help="with --concurrency: where the N documents' KV is held; host copies each question's "
+                         "document (or its --prefilter candidates) to the GPU when it is admitted, as the app "
+                         "does for a document outside the pool's GPU tier")
     bn.add_argument("--out", type=Path, default=Path("bench-out"))
 
     from tools.distributed_prefill import add_arguments
@@ -252,14 +256,15 @@ def _bench_concurrency(args: argparse.Namespace, scoring) -> int:
                             args.chunk_size, args.top_k, rounds=args.rounds, load=args.load,
                             progress=lambda line: print(line, file=sys.stderr, flush=True), scoring=scoring,
                             prefilter=prefilter, tokens_per_step=args.tokens_per_step,
-                            max_prepare=args.max_prepare, block_length=args.block_length)
+                            max_prepare=args.max_prepare, block_length=args.block_length,
+                            documents_on=args.documents_on)
     meta = {"shape": args.shape, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "concurrency": args.concurrency, "context": args.contexts[0],
             "answer": answer, "chunk_size": args.chunk_size, "top_k": args.top_k, "load": args.load,
             "scorer": args.scorer, "llada_folds": args.llada_folds or "leave-one-out",
             "prefilter": prefilter or "every chunk",
             "rule": f"{args.tokens_per_step} token(s) committed per step", "max_prepare": args.max_prepare,
-            "block_length": min(args.block_length, answer)}
+            "block_length": min(args.block_length, answer), "documents_on": args.documents_on}
     load_bench.write(phases, args.out, meta)
     print(load_bench.table(phases))
     return EXIT_OK

@@ -17,10 +17,15 @@ step count. With `prefilter` M each question scores only the M chunks BM25 ranks
 synthetic index (`tools.bench`): the search is made once, since every user asks the same random
 question, and each question's loader, on the scheduler's thread as the app's, cuts its document to
 those chunks. The batch sizes the scheduler ran steps at are counted per phase.
+
+With `documents_on="host"` the documents' KV is held in host memory (pinned) and each question's
+loader copies its document (with a prefilter, only the M candidates) to the GPU, as the app's
+loader does for a document outside the pool's GPU tier: N documents then need not fit the GPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import statistics
@@ -34,7 +39,7 @@ import torch
 from engine import AnswerParams, ScoringParams
 from engine.attention import select_backend
 from engine.method.answer import AnswerResult
-from engine.method.kv_cache import take_chunks
+from engine.method.kv_cache import DocumentKV, take_chunks
 from engine.method.prefill import prefill_document
 from engine.model.weights import random_model
 from engine.runner import Runner
@@ -56,6 +61,17 @@ class LoadPhase:
     # Mean seconds of each phase of a question's trace; a pass shared by several questions counts
     # whole for each (what a question waited, not what it cost).
     phase_s: dict[str, float] | None = None
+
+
+DOCUMENTS_ON = ("device", "host")  # where the bench holds the documents' KV
+
+
+def _on_host(doc: DocumentKV) -> DocumentKV:
+    """The document's KV moved to host memory, pinned where CUDA is (copies to the GPU overlap)."""
+    host = doc.to("cpu")
+    if torch.cuda.is_available():
+        host = dataclasses.replace(host, keys=host.keys.pin_memory(), values=host.values.pin_memory())
+    return host
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -109,14 +125,20 @@ def _threads(targets) -> None:
 def run(shape: str, concurrency: int, context: int, answer: int, device: str | None, chunk_size: int, top_k: int,
         rounds: int = 4, poisson_questions: int = 64, load: float = 0.8, max_batch: int | None = None,
         progress=print, seed: int = 0, scoring: ScoringParams = BENCH_SCORING, prefilter: int = 0,
-        tokens_per_step: int = 1, max_prepare: int = 8, block_length: int = 32) -> list[LoadPhase]:
+        tokens_per_step: int = 1, max_prepare: int = 8, block_length: int = 32,
+        documents_on: str = "device") -> list[LoadPhase]:
+    if documents_on not in DOCUMENTS_ON:
+        raise ValueError(f"documents_on must be one of {DOCUMENTS_ON}, got {documents_on!r}")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     cfg = SHAPES[shape]
     runner = Runner.for_model(random_model(cfg, dev, dtype), select_backend(dev, dtype), True)
     gen = torch.Generator().manual_seed(seed)
-    docs = [prefill_document(runner, torch.randint(8, cfg.vocab_size, (context,), generator=gen), chunk_size)
-            for _ in range(concurrency)]
+
+    def prefilled() -> DocumentKV:  # one at a time to the host: N documents need not fit the GPU
+        doc = prefill_document(runner, torch.randint(8, cfg.vocab_size, (context,), generator=gen), chunk_size)
+        return _on_host(doc) if documents_on == "host" else doc
+    docs = [prefilled() for _ in range(concurrency)]
     prompts = [random_question(cfg, gen) for _ in range(concurrency)]
     documents_gib = sum(d.keys.nbytes + d.values.nbytes for d in docs) / 2**30
     params = AnswerParams(top_k=top_k, kv_mode="static", scoring=scoring,
@@ -127,7 +149,10 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
         conn.close()
 
         def documents(i: int):
-            return lambda: [take_chunks(docs[i], chosen)]
+            return lambda: [take_chunks(docs[i], chosen).to(dev, non_blocking=True)]
+    elif documents_on == "host":
+        def documents(i: int):
+            return lambda: [docs[i].to(dev, non_blocking=True)]
     else:
         def documents(i: int):
             return [docs[i]]
@@ -142,7 +167,8 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
                  f"batch sizes {phase.batch_sizes}, prepared together {phase.prepared_together}, "
                  f"phases (mean s, a shared pass whole for each of its questions) "
                  + ", ".join(f"{k} {v:.4f}" for k, v in (phase.phase_s or {}).items())
-                 + (f", peak {phase.peak_gib:.1f} GiB (documents {documents_gib:.1f})" if phase.peak_gib else ""))
+                 + (f", peak {phase.peak_gib:.1f} GiB (documents {documents_gib:.1f}"
+                    f"{' on the host' if documents_on == 'host' else ''})" if phase.peak_gib else ""))
 
     try:
         # Warm-up, untimed: compilation, CUDA graphs, the allocator's growth to a full batch; a

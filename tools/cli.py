@@ -15,6 +15,7 @@ from ui.cli import EXIT_OK, EXIT_USAGE, non_negative_int, positive, run
 def _build_parser() -> argparse.ArgumentParser:
     from engine.method.answer import CACHED_KV_MODES, KV_MODES
     from engine.method.scoring import SCORERS
+    from tools.load_bench import DOCUMENTS_ON
 
     parser = argparse.ArgumentParser(prog="docqa-tools", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
@@ -114,7 +115,7 @@ def _build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--max-prepare", type=int, default=8, metavar="Q",
                     help="with --concurrency: newcomers the scheduler prepares between two steps, their chunks "
                          "scored in shared passes (default 8, the app's)")
-    bn.add_argument("--documents-on", choices=("device", "host"), default="device",
+    bn.add_argument("--documents-on", choices=DOCUMENTS_ON, default="device",
                     help="with --concurrency: where the N documents' KV is held; host copies each question's "
                          "document (or its --prefilter candidates) to the GPU when it is admitted, as the app "
                          "does for a document outside the pool's GPU tier")

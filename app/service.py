@@ -683,7 +683,8 @@ class DocQA:
         load_s = 0.0
 
         def load() -> list[DocumentKV]:
-            """The candidates' KV, loaded once the scheduler admits the question (on its thread)."""
+            """The candidates' KV, loaded once the scheduler takes the question off its queue (on a
+            loader thread: the scheduler's GPU work goes on meanwhile)."""
             nonlocal load_s
             start = time.perf_counter()
             docs = [self.kv.get(r.id, size) if len(chosen) == self.kv.num_chunks(r.id, size)

@@ -1,16 +1,18 @@
 """Continuous batching of questions: one thread steps every active question's answer at once.
 
-A question is submitted with its documents' KV and runs on the scheduler's thread in three parts:
-its draft, run in one batched pass with the other questions taken off the queue at the same time
-(`engine.method.answer.draft_answers`); its preparation (chunk scoring, selection, the context
-its answer is decoded over), between two steps of the questions already decoding, with up to
-`max_prepare` other newcomers whose chunks are scored, and whose question passes over their
-contexts run, in shared passes (`engine.method.answer.score_questions`, `static_contexts`; if one
-fails, each question runs its own); then its decode steps. At each step the scheduler takes one
-LogitsRequest from every question being decoded, answers the StaticDecoders' together in one
-batched forward (`StaticBatch`: each row over its own chunks and answer; a captured CUDA graph per
-batch size), where the rule allows decides their commits in one batched call too
-(`decide_together`), answers any other decoder alone, and hands each question its DecodeStep. A
+A question is submitted with its documents' KV, or a loader of them (run on loader threads while
+the others decode: see `_load`), and runs on the scheduler's thread in three parts: its draft, run
+in one batched pass with the other questions taken off the queue at the same time
+(`engine.method.answer.draft_answers`); once its documents are loaded, its preparation (chunk
+scoring, selection, the context its answer is decoded over), between two steps of the questions
+already decoding, with up to `max_prepare` other newcomers whose chunks are scored, and whose
+question passes over their contexts run, in shared passes (`engine.method.answer.score_questions`,
+`static_contexts`; if one fails, each question runs its own); then its decode steps. At each step
+the scheduler takes one LogitsRequest from every question being decoded, answers the
+StaticDecoders' together in one batched forward (`StaticBatch`: each row over its own chunks and
+answer; a captured CUDA graph per batch size), where the rule allows decides their commits in one
+batched call too (`decide_together`), answers any other decoder alone, and hands each question its
+DecodeStep. A
 question whose block is settled has that block's KV refreshed as a row of the same forward
 (`BlockDone`), so questions of several blocks batch their refreshes with the others' steps. A
 question joins between steps, once prepared, and leaves when its answer is settled, so short
@@ -30,13 +32,14 @@ first-come-first-served lock, so an ingest and the questions interleave instead 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -89,7 +92,7 @@ class FairTurns:
         self._tickets: collections.deque[object] = collections.deque()
         self._held = False
 
-    @contextmanager
+    @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
         ticket = object()
         with self._cond:
@@ -113,8 +116,13 @@ class FairTurns:
 
 _DONE = object()
 # A question's documents, or what loads them when the question is admitted: a loader keeps the KV of
-# questions still waiting off the device, so its memory grows with `max_batch`, not the queue.
+# questions still waiting off the device, so its memory grows with `max_prepare`, not the queue. A
+# loader runs on a loader thread, so a slow one (a disk read, a prefill) never pauses the decoding
+# questions; it may return the KV in host memory (the scheduler copies it to the device on its own
+# stream, beside the steps). Its GPU work runs on that copy stream; the scheduler's graph
+# captures are thread-local (engine.cuda_graphs), so work on another thread cannot void them.
 Documents = Sequence[DocumentKV] | Callable[[], Sequence[DocumentKV]]
+LOADER_THREADS = 2  # one question's host gather and copy overlap another's
 
 
 @dataclass
@@ -188,10 +196,11 @@ class AnswerScheduler:
     `max_batch`: questions decoded at once (more wait, prepared as others leave);
     `max_waiting`: questions that may wait beyond the batch's free places (waiting: submitted, not
     yet prepared), past which `submit` raises QueueFull;
-    `max_prepare`: newcomers prepared between two steps. More at once score in fewer, larger
-    passes (one reading of the weights for all), and fill the batch sooner: with one a step, an
-    answer of S steps caps the batch near S. Fewer keep the pause the decoding questions see
-    between two steps short.
+    `max_prepare`: newcomers prepared between two steps, and questions whose documents are loaded
+    (or loading) ahead of their preparation. More at once score in fewer, larger passes (one
+    reading of the weights for all), and fill the batch sooner: with one a step, an answer of S
+    steps caps the batch near S. Fewer keep the pause the decoding questions see between two steps
+    short.
     """
 
     def __init__(self, runner: Runner, tokenizer, max_batch: int = 16, max_waiting: int = 64,
@@ -208,6 +217,12 @@ class AnswerScheduler:
         self._admitting: list[tuple[_Submitted, DraftedQuestion]] = []
         self._preparing: list[tuple[_Submitted, DraftedQuestion]] = []  # taken from `_admitting` this step
         self._pending = 0  # submitted and not yet prepared: those in `_waiting` and those being admitted
+        # Taken off the queue: loads not started yet (at most max_prepare run or wait to be prepared).
+        self._to_load: collections.deque[_Submitted] = collections.deque()
+        self._loads: dict[_Submitted, concurrent.futures.Future] = {}  # started, not yet prepared
+        self._loader = concurrent.futures.ThreadPoolExecutor(LOADER_THREADS, thread_name_prefix="answer-loader")
+        # Host-to-device copies of loaded documents run on their own stream, beside the steps.
+        self._copy_stream = torch.cuda.Stream(runner.device) if runner.device.type == "cuda" else None
         self._active: list[_Active] = []
         self._batches: dict[int, StaticBatch] = {}  # by block length
         self._wake = threading.Condition()
@@ -236,7 +251,7 @@ class AnswerScheduler:
             self._wake.notify()
         return handle
 
-    @contextmanager
+    @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
         """Holds the model between two steps, for other model work (a prefill batch)."""
         with self.turns.turn():
@@ -252,6 +267,7 @@ class AnswerScheduler:
             self._closed = True
             self._wake.notify()
         self._thread.join(timeout=30)
+        self._loader.shutdown(wait=False, cancel_futures=True)
 
     # ---- the scheduler's thread ------------------------------------------------------------------
 
@@ -264,6 +280,7 @@ class AnswerScheduler:
             stopped = SchedulerStopped(f"the question scheduler stopped on an error ({exc})")
             with self._wake:
                 self._closed = True
+            self._loader.shutdown(wait=False, cancel_futures=True)
             # (A question already answered ignores the extra event: its asker stopped at _DONE.)
             admitting = [submitted for submitted, _ in self._admitting + self._preparing]
             for submitted in [a.submitted for a in self._active] + list(self._waiting) + admitting:
@@ -273,7 +290,8 @@ class AnswerScheduler:
     def _serve(self) -> None:
         while True:
             with self._wake:
-                while not self._closed and not self._waiting and not self._active and not self._admitting:
+                self._start_loads()
+                while not self._closed and not self._has_work():
                     self._wake.wait()
                 if self._closed:
                     break
@@ -283,6 +301,7 @@ class AnswerScheduler:
                     submitted.handle._events.put(_DONE)
                 newcomers = self._take_waiting(self.max_batch)
             while newcomers:
+                self._start_loads()
                 self._draft(newcomers)
                 # Those who arrived during the draft are drafted too before the preparation, so a
                 # burst is prepared in one set of shared passes, not split at its first arrivals.
@@ -290,11 +309,13 @@ class AnswerScheduler:
                     newcomers = self._take_waiting(self.max_prepare)
             # Newcomers are prepared between two steps of the questions decoding, at most
             # max_prepare at a time, so that a burst of arrivals does not stall them for all of it.
-            if self._admitting:
-                self._preparing = self._admitting[:self.max_prepare]
-                self._admitting = self._admitting[self.max_prepare:]
+            with self._wake:
+                self._preparing = self._loaded_admitting()
+            if self._preparing:
+                self._admitting = [a for a in self._admitting if not any(a is p for p in self._preparing)]
                 self._prepare(self._preparing)
                 self._preparing = []
+                self._start_loads()
             if self._active:
                 with self.turns.turn():
                     self._step()
@@ -302,12 +323,64 @@ class AnswerScheduler:
             self._end(active, SchedulerStopped("the server is stopping"))
         for submitted in list(self._waiting) + [s for s, _ in self._admitting]:
             submitted.handle._events.put(SchedulerStopped("the server is stopping"))
+        self._loader.shutdown(wait=False, cancel_futures=True)
+
+    def _has_work(self) -> bool:
+        """Whether the thread has something to do (the caller holds `_wake`): questions to take off
+        the queue, to step, or to prepare (`_loaded_admitting`)."""
+        room = self.max_batch - len(self._active) - len(self._admitting)
+        return bool((self._waiting and room > 0) or self._active or self._loaded_admitting())
+
+    def _loaded_admitting(self) -> list[tuple[_Submitted, DraftedQuestion]]:
+        """The drafted questions to prepare now: those whose documents are loaded, in order, up to
+        max_prepare. With no question decoding, the first max_prepare's loads are all waited for,
+        so a burst is prepared together rather than in the order its loads finish."""
+        head = self._admitting[:self.max_prepare]
+        loaded = [a for a in head if a[0] in self._loads and self._loads[a[0]].done()]
+        return loaded if self._active or len(loaded) == len(head) else []
+
+    def _start_loads(self) -> None:
+        """Starts loading the documents of questions taken off the queue, in order, while fewer than
+        max_prepare are loading or loaded and not yet prepared."""
+        while self._to_load and len(self._loads) < self.max_prepare:
+            submitted = self._to_load.popleft()
+            self._loads[submitted] = future = self._loader.submit(self._load, submitted)
+            future.add_done_callback(lambda _: self._notify())
+
+    def _notify(self) -> None:
+        with self._wake:
+            self._wake.notify()
+
+    def _load(self, submitted: _Submitted) -> list[DocumentKV]:
+        """On a loader thread: the question's documents, on the runner's device (KV in host memory
+        copied on the copy stream, which this thread waits for while the scheduler's steps)."""
+        with torch.inference_mode():
+            if submitted.handle._cancelled.is_set():
+                return []  # its asker left: nothing loaded (its preparation ends it)
+            stream = torch.cuda.stream(self._copy_stream) if self._copy_stream is not None else contextlib.nullcontext()
+            with stream:
+                docs = list(submitted.documents() if callable(submitted.documents) else submitted.documents)
+                device = self.runner.device
+                away = [i for i, d in enumerate(docs) if d.device != device]
+                for i in away:  # (from pageable memory this thread waits for the copy; the steps go on)
+                    docs[i] = docs[i].to(device, non_blocking=True)
+            if self._copy_stream is not None:
+                self._copy_stream.synchronize()
+                # Made on the copy stream, read on the scheduler's: a tensor freed there must not be
+                # handed to the copy stream before the steps that read it are done.
+                for d in docs:
+                    if d.device.type == "cuda":
+                        d.keys.record_stream(torch.cuda.default_stream(device))
+                        d.values.record_stream(torch.cuda.default_stream(device))
+            return docs
 
     def _take_waiting(self, admitted: int) -> list[_Submitted]:
         """Takes waiting questions off the queue (the caller holds `_wake`) while the batch has
         room and fewer than `admitted` are being admitted."""
         room = min(self.max_batch - len(self._active), admitted) - len(self._admitting)
-        return [self._waiting.popleft() for _ in range(max(0, min(room, len(self._waiting))))]
+        taken = [self._waiting.popleft() for _ in range(max(0, min(room, len(self._waiting))))]
+        self._to_load.extend(taken)
+        return taken
 
     def _draft(self, newcomers: list[_Submitted]) -> None:
         """The newcomers' prompts, and their drafts in one batched pass; each joins `_admitting`
@@ -355,9 +428,8 @@ class AnswerScheduler:
         """Loads the newcomers' documents and prepares them together; each joins the batch (or
         ends with its error)."""
         drafted = dict(newcomers)  # by identity: a _Submitted compares as itself
-        # Outside a turn: a loader that has to prefill takes turns of its own.
         loaded = [(submitted, drafted[submitted], documents) for submitted, documents in self._each_still_asked(
-            list(drafted), lambda s: s.documents() if callable(s.documents) else s.documents)]
+            list(drafted), lambda s: self._loads.pop(s).result())]
         if not loaded:
             return
         self.prepared_together[len(loaded)] += 1
@@ -523,6 +595,9 @@ class AnswerScheduler:
             logger.exception("cleaning up after a question failed")
 
     def _fail(self, submitted: _Submitted, error: BaseException) -> None:
+        self._loads.pop(submitted, None)  # a load still running is dropped when it ends
+        if submitted in self._to_load:
+            self._to_load.remove(submitted)
         if isinstance(error, _Cancelled):
             submitted.handle._events.put(_DONE)
             return

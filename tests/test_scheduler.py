@@ -490,3 +490,87 @@ def test_questions_arriving_during_a_draft_are_prepared_with_it(engines, monkeyp
     assert scheduler.prepared_together == {4: 1}
     for a, b in zip(alone, [e[-1] for e in events], strict=True):
         assert isinstance(b, AnswerResult) and b.answer_ids == a.answer_ids
+
+
+def test_a_slow_load_does_not_pause_the_questions_decoding(engines):
+    """A question whose documents take long to load (a disk read, a prefill) is loaded on a loader
+    thread: the question already decoding goes on and finishes meanwhile. Both answer as alone."""
+    engine = engines["llada"]
+    docs = _documents(engine, 2)
+    asks = [(docs[0], "What is the code of pier 4?", _params(gen_length=16)),
+            (docs[1], "Who keeps the key?", _params(gen_length=8))]
+    alone = [engine.answer(doc, q, p) for doc, q, p in asks]
+    first_done, loaded_on = threading.Event(), []
+
+    def slow_loader():
+        loaded_on.append(threading.current_thread().name)
+        # On the scheduler's thread this would wait out its 60 s: nothing would step meanwhile.
+        loaded_on.append(first_done.wait(60))
+        return [docs[1]]
+
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=4)
+    try:
+        first = iter(scheduler.submit([docs[0]], asks[0][1], asks[0][2]))
+        first_events = [next(first)]  # its first step: it is decoding
+        second = scheduler.submit(slow_loader, asks[1][1], asks[1][2])
+        first_events += list(first)
+        first_done.set()
+        second_events = list(second)
+    finally:
+        scheduler.close()
+    assert loaded_on[0].startswith("answer-loader") and loaded_on[1] is True
+    for a, b in zip(alone, [first_events[-1], second_events[-1]], strict=True):
+        assert isinstance(b, AnswerResult) and b.answer_ids == a.answer_ids
+
+
+def test_documents_are_loaded_at_most_max_prepare_ahead(engines):
+    """Loads run ahead of preparation for at most `max_prepare` questions (what bounds the memory
+    of documents loaded and not yet decoded, whatever the queue); a question cancelled while its
+    documents load ends with nothing and frees its place for the next."""
+    engine = engines["llada"]
+    doc = _documents(engine, 1)[0]
+    gate, started = threading.Event(), []
+
+    def gated_loader():
+        started.append(1)
+        assert gate.wait(60)
+        return [doc]
+
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=8, max_prepare=1)
+    try:
+        cancelled = scheduler.submit(gated_loader, "What?", _params(gen_length=8))
+        others = [scheduler.submit(gated_loader, q, _params(gen_length=8)) for q in ("Who?", "When?")]
+        for _ in range(50):  # the three are taken off the queue, their loads waiting on the gate
+            threading.Event().wait(0.02)
+        assert len(started) == 1  # two loader threads, but one question loaded ahead
+        cancelled.cancel()
+        gate.set()
+        assert list(cancelled) == []  # no result, no error
+        assert all(isinstance(list(h)[-1], AnswerResult) for h in others)
+        assert len(started) == 3 and scheduler.load() == (0, 0) and scheduler._pending == 0
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_documents_in_host_memory_answer_as_resident_ones_on_the_gpu(dream_dir):
+    """Loaders that return the KV in host memory (pageable and pinned): the scheduler copies it to
+    the GPU on its copy stream, and the answers are those over the documents on the GPU."""
+    from engine import Engine
+
+    engine = Engine.from_pretrained(dream_dir, device="cuda", dtype=torch.float32)
+    docs = [engine.prefill(doc_ids(37 + 23 * i, 300, seed=10 + i), chunk_size=16) for i in range(4)]
+    asks = [(docs[i], f"Question {i}: what is the code of pier {i}?", _params()) for i in range(4)]
+    resident, _ = asked_together(engine, asks, max_batch=8)
+    on_host = [d.to("cpu") for d in docs]
+    on_host[1] = dataclasses.replace(on_host[1], keys=on_host[1].keys.pin_memory(),
+                                     values=on_host[1].values.pin_memory())
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=8)
+    try:
+        handles = [scheduler.submit(lambda d=d: [d], q, p) for d, (_, q, p) in zip(on_host, asks, strict=True)]
+        loaded = [list(h) for h in handles]
+    finally:
+        scheduler.close()
+    for a, b in zip(resident, loaded, strict=True):
+        assert isinstance(b[-1], AnswerResult) and b[-1].answer_ids == a[-1].answer_ids

@@ -15,12 +15,13 @@ Each question's answer follows the rule of `docqa-tools bench` (a fixed number o
 step, one unless `tokens_per_step` says more; stop at EOS off), so random weights cannot change the
 step count. With `prefilter` M each question scores only the M chunks BM25 ranks first over a
 synthetic index (`tools.bench`): the search is made once, since every user asks the same random
-question, and each question's loader, on the scheduler's thread as the app's, cuts its document to
-those chunks. The batch sizes the scheduler ran steps at are counted per phase.
+question, and each question's loader, on the scheduler's loader threads as the app's, cuts its
+document to those chunks. The batch sizes the scheduler ran steps at are counted per phase.
 
 With `documents_on="host"` the documents' KV is held in host memory (pinned) and each question's
-loader copies its document (with a prefilter, only the M candidates) to the GPU, as the app's
-loader does for a document outside the pool's GPU tier: N documents then need not fit the GPU.
+loader hands its document (with a prefilter, only the M candidates) to the scheduler, which copies
+it to the GPU, as for the app's documents outside the pool's GPU tier: N documents then need not
+fit the GPU.
 """
 
 from __future__ import annotations
@@ -148,11 +149,11 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
         chosen = candidate_ordinals(conn, question, docs[0].num_chunks, prefilter)
         conn.close()
 
-        def documents(i: int):
-            return lambda: [take_chunks(docs[i], chosen).to(dev, non_blocking=True)]
+        def documents(i: int):  # (in host memory too: the scheduler's loader copies them to the device)
+            return lambda: [take_chunks(docs[i], chosen)]
     elif documents_on == "host":
         def documents(i: int):
-            return lambda: [docs[i].to(dev, non_blocking=True)]
+            return lambda: [docs[i]]
     else:
         def documents(i: int):
             return [docs[i]]

@@ -68,7 +68,7 @@ class GraphedCall:
             result = self.fn()
             try:
                 start = time.perf_counter()
-                # thread_local: the scheduler's loader threads pin host memory and wait on their own
+                # thread_local: the scheduler's loader threads allocate, copy and wait on their own
                 # copy stream meanwhile; under the default ("global") their calls would void this
                 # capture. This thread's own unsafe calls still fail the capture, as they should.
                 graph.capture_begin(**({"pool": self.pool} if self.pool is not None else {}),

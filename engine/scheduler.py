@@ -12,10 +12,9 @@ the scheduler takes one LogitsRequest from every question being decoded, answers
 StaticDecoders' together in one batched forward (`StaticBatch`: each row over its own chunks and
 answer; a captured CUDA graph per batch size), where the rule allows decides their commits in one
 batched call too (`decide_together`), answers any other decoder alone, and hands each question its
-DecodeStep. A
-question whose block is settled has that block's KV refreshed as a row of the same forward
-(`BlockDone`), so questions of several blocks batch their refreshes with the others' steps. A
-question joins between steps, once prepared, and leaves when its answer is settled, so short
+DecodeStep. A question whose block is settled has that block's KV refreshed as a row of the same
+forward (`BlockDone`), so questions of several blocks batch their refreshes with the others' steps.
+A question joins between steps, once prepared, and leaves when its answer is settled, so short
 answers never wait for long ones; a question that reads its chunks alone after
 (AnswerParams.reads_chunks_alone) posts its JointAnswer and stays in the batch for the lone
 readings' steps. Greedy answers are the same tokens as the question alone gives
@@ -115,12 +114,12 @@ class FairTurns:
 
 
 _DONE = object()
-# A question's documents, or what loads them when the question is admitted: a loader keeps the KV of
-# questions still waiting off the device, so its memory grows with `max_prepare`, not the queue. A
-# loader runs on a loader thread, so a slow one (a disk read, a prefill) never pauses the decoding
-# questions; it may return the KV in host memory (the scheduler copies it to the device on its own
-# stream, beside the steps). Its GPU work runs on that copy stream; the scheduler's graph
-# captures are thread-local (engine.cuda_graphs), so work on another thread cannot void them.
+# A question's documents, or what loads them once the question is taken off the queue: a loader
+# keeps the KV of questions still waiting off the device, so its memory grows with `max_prepare`,
+# not the queue. A loader runs on a loader thread, so a slow one (a disk read, a prefill) never
+# pauses the decoding questions; it may return the KV in host memory (the scheduler copies it to the
+# device). Its GPU work runs on the scheduler's copy stream, beside the steps; the graph captures
+# are thread-local (engine.cuda_graphs), so work on another thread cannot void them.
 Documents = Sequence[DocumentKV] | Callable[[], Sequence[DocumentKV]]
 LOADER_THREADS = 2  # one question's host gather and copy overlap another's
 
@@ -352,26 +351,28 @@ class AnswerScheduler:
             self._wake.notify()
 
     def _load(self, submitted: _Submitted) -> list[DocumentKV]:
-        """On a loader thread: the question's documents, on the runner's device (KV in host memory
-        copied on the copy stream, which this thread waits for while the scheduler's steps)."""
+        """On a loader thread: the question's documents, on the runner's device. Its GPU work (KV in
+        host memory copied over, a pooled document cut to its candidates) runs on the copy stream,
+        ordered after what the steps' stream was given so far (a prefill writing what it reads);
+        this thread waits for it, the scheduler's goes on stepping."""
+        device = self.runner.device
+        steps_stream = torch.cuda.default_stream(device) if self._copy_stream is not None else None
         with torch.inference_mode():
             if submitted.handle._cancelled.is_set():
                 return []  # its asker left: nothing loaded (its preparation ends it)
-            stream = torch.cuda.stream(self._copy_stream) if self._copy_stream is not None else contextlib.nullcontext()
-            with stream:
+            if steps_stream is None:
                 docs = list(submitted.documents() if callable(submitted.documents) else submitted.documents)
-                device = self.runner.device
-                away = [i for i, d in enumerate(docs) if d.device != device]
-                for i in away:  # (from pageable memory this thread waits for the copy; the steps go on)
-                    docs[i] = docs[i].to(device, non_blocking=True)
-            if self._copy_stream is not None:
-                self._copy_stream.synchronize()
-                # Made on the copy stream, read on the scheduler's: a tensor freed there must not be
-                # handed to the copy stream before the steps that read it are done.
-                for d in docs:
-                    if d.device.type == "cuda":
-                        d.keys.record_stream(torch.cuda.default_stream(device))
-                        d.values.record_stream(torch.cuda.default_stream(device))
+                return [d if d.device == device else d.to(device) for d in docs]
+            self._copy_stream.wait_stream(steps_stream)
+            with torch.cuda.stream(self._copy_stream):
+                docs = list(submitted.documents() if callable(submitted.documents) else submitted.documents)
+                docs = [d if d.device == device else d.to(device, non_blocking=True) for d in docs]
+            self._copy_stream.synchronize()
+            # Made on the copy stream, read on the steps': a tensor freed there must not be handed
+            # back to the copy stream before the steps that read it are done.
+            for d in docs:
+                d.keys.record_stream(steps_stream)
+                d.values.record_stream(steps_stream)
             return docs
 
     def _take_waiting(self, admitted: int) -> list[_Submitted]:

@@ -333,9 +333,11 @@ class AnswerScheduler:
     def _loaded_admitting(self) -> list[tuple[_Submitted, DraftedQuestion]]:
         """The drafted questions to prepare now: those whose documents are loaded, in order, up to
         max_prepare. With no question decoding, the first max_prepare's loads are all waited for,
-        so a burst is prepared together rather than in the order its loads finish."""
+        so a burst is prepared together rather than in the order its loads finish. One its asker
+        left is ready at once (its preparation ends it), whatever its load."""
         head = self._admitting[:self.max_prepare]
-        loaded = [a for a in head if a[0] in self._loads and self._loads[a[0]].done()]
+        loaded = [a for a in head if a[0].handle._cancelled.is_set()
+                  or (a[0] in self._loads and self._loads[a[0]].done())]
         return loaded if self._active or len(loaded) == len(head) else []
 
     def _start_loads(self) -> None:

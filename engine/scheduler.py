@@ -132,10 +132,12 @@ class QuestionHandle:
 
     _events: queue.Queue = field(default_factory=queue.Queue)
     _cancelled: threading.Event = field(default_factory=threading.Event)
+    _wake_scheduler: Callable[[], None] = lambda: None  # so a question waiting for its turn goes at once
 
     def cancel(self) -> None:
         """Stops the question at its next step (or before it starts); the model is freed of it."""
         self._cancelled.set()
+        self._wake_scheduler()
 
     def __iter__(self) -> Iterator[DecodeStep | ReadsAlone | JointAnswer | AnswerResult]:
         return self.events()
@@ -237,7 +239,7 @@ class AnswerScheduler:
         """Queues a question (arguments as `engine.method.answer.stream_answer`); its events come
         from the returned handle. `interrupt_check` runs on the scheduler's thread before each of
         the question's phases and steps; what it raises ends the question with that error."""
-        handle = QuestionHandle()
+        handle = QuestionHandle(_wake_scheduler=self._notify)
         with self._wake:
             if self._closed:
                 raise SchedulerStopped("the question scheduler has stopped")
@@ -281,15 +283,16 @@ class AnswerScheduler:
                 self._closed = True
             self._loader.shutdown(wait=False, cancel_futures=True)
             # (A question already answered ignores the extra event: its asker stopped at _DONE.)
-            admitting = [submitted for submitted, _ in self._admitting + self._preparing]
-            for submitted in [a.submitted for a in self._active] + list(self._waiting) + admitting:
+            taken = [submitted for submitted, _ in self._admitting + self._preparing]
+            taken += [s for s in list(self._to_load) + list(self._loads) if not any(s is t for t in taken)]
+            for submitted in [a.submitted for a in self._active] + list(self._waiting) + taken:
                 submitted.handle._events.put(stopped)
             raise
 
     def _serve(self) -> None:
         while True:
+            self._start_loads()  # (not under `_wake`: a load's done-callback takes it)
             with self._wake:
-                self._start_loads()
                 while not self._closed and not self._has_work():
                     self._wake.wait()
                 if self._closed:
@@ -328,7 +331,8 @@ class AnswerScheduler:
         """Whether the thread has something to do (the caller holds `_wake`): questions to take off
         the queue, to step, or to prepare (`_loaded_admitting`)."""
         room = self.max_batch - len(self._active) - len(self._admitting)
-        return bool((self._waiting and room > 0) or self._active or self._loaded_admitting())
+        left = any(w.handle._cancelled.is_set() for w in self._waiting)  # to drop: its place is free
+        return bool((self._waiting and room > 0) or left or self._active or self._loaded_admitting())
 
     def _loaded_admitting(self) -> list[tuple[_Submitted, DraftedQuestion]]:
         """The drafted questions to prepare now: those whose documents are loaded, in order, up to
@@ -343,9 +347,12 @@ class AnswerScheduler:
     def _start_loads(self) -> None:
         """Starts loading the documents of questions taken off the queue, in order, while fewer than
         max_prepare are loading or loaded and not yet prepared."""
-        while self._to_load and len(self._loads) < self.max_prepare:
-            submitted = self._to_load.popleft()
-            self._loads[submitted] = future = self._loader.submit(self._load, submitted)
+        while self._to_load and len(self._loads) < self.max_prepare and not self._closed:
+            try:
+                future = self._loader.submit(self._load, self._to_load[0])
+            except RuntimeError:  # the loaders were shut down: the server is stopping
+                return
+            self._loads[self._to_load.popleft()] = future
             future.add_done_callback(lambda _: self._notify())
 
     def _notify(self) -> None:
@@ -598,7 +605,9 @@ class AnswerScheduler:
             logger.exception("cleaning up after a question failed")
 
     def _fail(self, submitted: _Submitted, error: BaseException) -> None:
-        self._loads.pop(submitted, None)  # a load still running is dropped when it ends
+        load = self._loads.pop(submitted, None)
+        if load is not None:
+            load.cancel()  # one still running is dropped when it ends
         if submitted in self._to_load:
             self._to_load.remove(submitted)
         if isinstance(error, _Cancelled):

@@ -574,3 +574,33 @@ def test_documents_in_host_memory_answer_as_resident_ones_on_the_gpu(dream_dir):
         scheduler.close()
     for a, b in zip(resident, loaded, strict=True):
         assert isinstance(b[-1], AnswerResult) and b[-1].answer_ids == a[-1].answer_ids
+
+
+def test_a_question_left_while_its_documents_load_does_not_hold_up_the_others(engines):
+    """Two questions prepared together; the first one's load hangs (a stuck disk) and its asker
+    leaves: the second is prepared and answered at once, not when the stuck load ends."""
+    engine = engines["llada"]
+    doc = _documents(engine, 1)[0]
+    stuck = threading.Event()
+
+    def hanging_loader():
+        stuck.wait(120)
+        return [doc]
+
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=4, max_prepare=2)
+    answered: list = []
+    try:
+        with scheduler.turn():  # both are taken off the queue together
+            left = scheduler.submit(hanging_loader, "What?", _params(gen_length=8))
+            other = scheduler.submit([doc], "Who?", _params(gen_length=8))
+        for _ in range(25):  # both drafted; the first one's load hangs
+            threading.Event().wait(0.02)
+        left.cancel()
+        listener = threading.Thread(target=lambda: answered.extend(other))
+        listener.start()
+        listener.join(60)
+        assert answered and isinstance(answered[-1], AnswerResult)
+        assert not stuck.is_set() and list(left) == []
+    finally:
+        stuck.set()
+        scheduler.close()

@@ -221,8 +221,8 @@ class _Clock:
         self.device, self.timings = device, {}
 
     def lap(self, phase: str, start: float) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":  # this thread's stream: not the scheduler's loads beside it
+            torch.cuda.current_stream(self.device).synchronize()
         now = time.perf_counter()
         self.timings[phase] = self.timings.get(phase, 0.0) + now - start
         return now
@@ -320,7 +320,7 @@ def score_questions(runner: Runner, questions: Sequence[tuple[Sequence[DocumentK
             per_doc = [next(per_job) for _ in documents]
             scored.append(None if any(d is None for d in per_doc) else _joined(runner, per_doc))
     if runner.device.type == "cuda":
-        torch.cuda.synchronize(runner.device)
+        torch.cuda.current_stream(runner.device).synchronize()
     seconds = time.perf_counter() - start
     return [None if s is None else dataclasses.replace(s, seconds=seconds) for s in scored]
 
@@ -589,7 +589,7 @@ def static_contexts(runner: Runner, questions: Sequence[tuple[Sequence[DocumentK
     start = time.perf_counter()
     contexts = build_static_contexts(runner, requests)
     if runner.device.type == "cuda":
-        torch.cuda.synchronize(runner.device)
+        torch.cuda.current_stream(runner.device).synchronize()
     seconds = time.perf_counter() - start
     for (i, counts), ctx in zip(members, contexts, strict=True):
         built[i] = BuiltContext(ctx, counts, seconds)

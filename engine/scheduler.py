@@ -132,7 +132,7 @@ class QuestionHandle:
 
     _events: queue.Queue = field(default_factory=queue.Queue)
     _cancelled: threading.Event = field(default_factory=threading.Event)
-    _wake_scheduler: Callable[[], None] = lambda: None  # so a question waiting for its turn goes at once
+    _wake_scheduler: Callable[[], None] = lambda: None  # so the scheduler lets go of it at once
 
     def cancel(self) -> None:
         """Stops the question at its next step (or before it starts); the model is freed of it."""

@@ -369,13 +369,17 @@ class AnswerScheduler:
         with torch.inference_mode():
             if submitted.handle._cancelled.is_set():
                 return []  # its asker left: nothing loaded (its preparation ends it)
+            on_copy_stream = contextlib.nullcontext()
+            if steps_stream is not None:
+                self._copy_stream.wait_stream(steps_stream)
+                on_copy_stream = torch.cuda.stream(self._copy_stream)
+            with on_copy_stream:
+                docs = submitted.documents() if callable(submitted.documents) else submitted.documents
+                # (asynchronous only to the GPU: a copy to the host must be whole when returned)
+                docs = [d if d.device == device else d.to(device, non_blocking=steps_stream is not None)
+                        for d in docs]
             if steps_stream is None:
-                docs = list(submitted.documents() if callable(submitted.documents) else submitted.documents)
-                return [d if d.device == device else d.to(device) for d in docs]
-            self._copy_stream.wait_stream(steps_stream)
-            with torch.cuda.stream(self._copy_stream):
-                docs = list(submitted.documents() if callable(submitted.documents) else submitted.documents)
-                docs = [d if d.device == device else d.to(device, non_blocking=True) for d in docs]
+                return docs
             self._copy_stream.synchronize()
             # Made on the copy stream, read on the steps': a tensor freed there must not be handed
             # back to the copy stream before the steps that read it are done.

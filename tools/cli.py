@@ -116,9 +116,9 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="with --concurrency: newcomers the scheduler prepares between two steps, their chunks "
                          "scored in shared passes (default 8, the app's)")
     bn.add_argument("--documents-on", choices=DOCUMENTS_ON, default="device",
-                    help="with --concurrency: where the N documents' KV is held; host copies each question's "
-                         "document (or its --prefilter candidates) to the GPU when it is admitted, as the app "
-                         "does for a document outside the pool's GPU tier")
+                    help="with --concurrency: where the N documents' KV is held; host: the scheduler's loader "
+                         "threads copy each question's document (or its --prefilter candidates) to the GPU, as "
+                         "for the app's documents outside the pool's GPU tier")
     bn.add_argument("--out", type=Path, default=Path("bench-out"))
 
     from tools.distributed_prefill import add_arguments

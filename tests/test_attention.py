@@ -59,6 +59,23 @@ def test_sdpa_matches_reference(dtype, shape, mask_kind):
     torch.testing.assert_close(lse, ref_lse, **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mask_shape", ["per-head", "per-key-per-head", "one-query-row"])
+def test_sdpa_masked_gqa_matches_reference(dtype, mask_shape):
+    """Masked GQA stacks each KV head's query group on the query axis: masks that differ by query
+    head, by query, or by neither must land on the right group's rows."""
+    b, hq, hkv, tq, tk, d = 2, 6, 2, 5, 23, 16
+    q, k, v = _qkv(b, hq, hkv, tq, tk, d, dtype, seed=3)
+    g = torch.Generator().manual_seed(4)
+    shape = {"per-head": (b, hq, tq, tk), "per-key-per-head": (b, hq, 1, tk), "one-query-row": (1, 1, tq, tk)}
+    dense = torch.rand(shape[mask_shape], generator=g) > 0.5
+    dense[..., 0] = True
+    mask = dense_mask(dense)
+    ref, _ = reference_attention(q.float(), k.float(), v.float(), mask, d ** -0.5)
+    out, _ = BACKENDS["sdpa"](q, k, v, mask, d ** -0.5)
+    torch.testing.assert_close(out.float(), ref, **TOL[dtype])
+
+
 def test_reference_matches_explicit_softmax_and_gqa_order():
     q, k, v = _qkv(1, 6, 2, 9, 11, 4, torch.float32)
     out, _ = reference_attention(q, k, v, full_mask(), 0.5)

@@ -223,8 +223,8 @@ class DocumentKVService:
             raise ValueError("get_chunks needs at least one chunk")
         key = self.key(doc_id, chunk_size)
         hit = self.pool.get(key)
-        if hit is not None:
-            return take_chunks(tensors_to_kv(hit), ordinals)
+        if hit is not None:  # (from the pool's pinned host tier: gathered pinned, for the copy to the GPU)
+            return take_chunks(tensors_to_kv(hit), ordinals, pin=self.engine.device.type == "cuda")
         loaded = self._load(key, ordinals)
         if loaded is None:  # no files yet, or damaged ones: prefilled to files, then read
             kept = self._prefill(key, None, must_persist=False)

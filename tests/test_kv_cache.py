@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.attention import BACKENDS, segment_mask
-from engine.method.kv_cache import chunk_deltas, gather_kept_tokens, place_chunks
+from engine.method.kv_cache import DocumentKV, chunk_deltas, gather_kept_tokens, place_chunks, take_chunks
 from engine.method.prefill import prefill_document
 from engine.runner import Runner
 from tests.tiny_inputs import doc_ids
@@ -50,3 +50,33 @@ def test_gather_kept_tokens_per_head():
     out = gather_kept_tokens(kv, kept)
     assert out.shape == (2, 3, 4, 6, 5)
     assert torch.equal(out[1, 2, 3, 4], kv[1, 2, 3, kept[2, 1, 3, 4]])
+
+
+def _document(chunks: int, seed: int = 0) -> DocumentKV:
+    g = torch.Generator().manual_seed(seed)
+    shape = (3, chunks, 2, 5, 4)  # [L, N, Hkv, C, D]
+    return DocumentKV(keys=torch.randn(shape, generator=g), values=torch.randn(shape, generator=g),
+                      lengths=torch.randint(1, 6, (chunks,), generator=g),
+                      tokens=torch.randint(0, 50, (chunks, 5), generator=g),
+                      content_starts=torch.arange(chunks) * 4)
+
+
+def test_take_chunks_keeps_the_chunks_asked_in_their_order():
+    doc = _document(7)
+    taken = take_chunks(doc, [5, 0, 3])
+    for i, chunk in enumerate([5, 0, 3]):
+        assert torch.equal(taken.keys[:, i], doc.keys[:, chunk])
+        assert torch.equal(taken.values[:, i], doc.values[:, chunk])
+    assert taken.lengths.tolist() == doc.lengths[[5, 0, 3]].tolist()
+    assert taken.content_starts.tolist() == [20, 0, 12]
+
+
+@pytest.mark.gpu
+def test_take_chunks_pinned_for_the_gpu_equals_pageable():
+    doc = _document(9, seed=1)
+    pinned, pageable = take_chunks(doc, [8, 2, 4], pin=True), take_chunks(doc, [8, 2, 4])
+    assert pinned.keys.is_pinned() and pinned.values.is_pinned() and not pageable.keys.is_pinned()
+    assert torch.equal(pinned.keys, pageable.keys) and torch.equal(pinned.values, pageable.values)
+    on_gpu = pinned.to("cuda", non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(on_gpu.keys.cpu(), pageable.keys)

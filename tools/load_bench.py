@@ -149,8 +149,10 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
         chosen = candidate_ordinals(conn, question, docs[0].num_chunks, prefilter)
         conn.close()
 
+        pin = documents_on == "host" and dev.type == "cuda"
+
         def documents(i: int):  # (in host memory too: the scheduler's loader copies them to the device)
-            return lambda: [take_chunks(docs[i], chosen)]
+            return lambda: [take_chunks(docs[i], chosen, pin=pin)]
     elif documents_on == "host":
         def documents(i: int):
             return lambda: [docs[i]]

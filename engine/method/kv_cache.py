@@ -58,12 +58,22 @@ class DocumentKV:
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
 
-def take_chunks(doc: DocumentKV, ordinals: list[int]) -> DocumentKV:
+def take_chunks(doc: DocumentKV, ordinals: list[int], pin: bool = False) -> DocumentKV:
     """The document's KV restricted to some chunks (in the order given): what a question scores
-    when a prefilter keeps M of N chunks. content_starts keep their document offsets."""
+    when a prefilter keeps M of N chunks. content_starts keep their document offsets.
+
+    `pin`: a document in host memory is gathered into page-locked memory, because a GPU is to read
+    the result next: a pinned copy runs asynchronously at the link's speed, a pageable one is staged
+    through the driver's buffers on the copying thread."""
     idx = torch.tensor(ordinals, dtype=torch.long)
     on_device = idx.to(doc.keys.device)
-    return DocumentKV(keys=doc.keys.index_select(1, on_device), values=doc.values.index_select(1, on_device),
+
+    def gather(kv: torch.Tensor) -> torch.Tensor:  # [L, N, Hkv, C, D] -> [L, M, Hkv, C, D]
+        if not (pin and kv.device.type == "cpu"):
+            return kv.index_select(1, on_device)
+        out = torch.empty((kv.shape[0], len(ordinals), *kv.shape[2:]), dtype=kv.dtype, pin_memory=True)
+        return torch.index_select(kv, 1, on_device, out=out)
+    return DocumentKV(keys=gather(doc.keys), values=gather(doc.values),
                       lengths=doc.lengths[idx], tokens=doc.tokens[idx], content_starts=doc.content_starts[idx])
 
 

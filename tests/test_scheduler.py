@@ -604,3 +604,59 @@ def test_a_question_left_while_its_documents_load_does_not_hold_up_the_others(en
     finally:
         stuck.set()
         scheduler.close()
+
+
+def _steps_of(events, count: int) -> None:
+    """Takes `count` decode steps from a question's event iterator (it is decoding meanwhile)."""
+    for _ in range(count):
+        assert isinstance(next(events), DecodeStep)
+
+
+def test_questions_trickling_in_while_others_decode_are_gathered_into_one_preparation(engines):
+    """With `gather_s`, newcomers arriving a few steps apart while a question decodes wait for each
+    other (up to max_prepare) and are drafted and prepared in one set of shared passes, not one
+    set each; every answer is the one the question gives alone."""
+    engine = engines["dream"]
+    docs = _documents(engine, 4)
+    long_params = _params(gen_length=96, block_length=8, steps=96)  # a step a token: it decodes throughout
+    asks = [(docs[i + 1], f"Which berth is number {i}?", _params()) for i in range(3)]
+    alone = [engine.answer(doc, q, p) for doc, q, p in asks]
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=8, max_prepare=3, gather_s=600)
+    try:
+        decoding = iter(scheduler.submit([docs[0]], "Who keeps the key?", long_params))
+        handles = []
+        for doc, q, p in asks:
+            _steps_of(decoding, 3)  # arrivals three steps apart: without gathering each is prepared alone
+            handles.append(scheduler.submit([doc], q, p))
+        events = [list(h) for h in handles]
+        assert scheduler.load()[0] == 1  # the three answered while the first still decodes
+        list(decoding)
+    finally:
+        scheduler.close()
+    assert scheduler.prepared_together == {1: 1, 3: 1}
+    for a, b in zip(alone, [e[-1] for e in events], strict=True):
+        assert isinstance(b, AnswerResult) and b.answer_ids == a.answer_ids
+
+
+def test_a_gathered_newcomer_waits_no_longer_than_gather_s(engines):
+    """A newcomer that no other joins is taken once it has waited `gather_s`, while the question
+    already decoding still decodes; one asked with nothing decoding is taken at once."""
+    engine = engines["llada"]
+    docs = _documents(engine, 2)
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=8, max_prepare=4, gather_s=0.05)
+    try:
+        decoding = iter(scheduler.submit([docs[0]], "Who keeps the key?", _params(gen_length=256, block_length=8,
+                                                                               steps=256)))
+        _steps_of(decoding, 1)
+        late = list(scheduler.submit([docs[1]], "What is the code of pier 4?", _params(gen_length=8)))
+        assert isinstance(late[-1], AnswerResult) and scheduler.load()[0] == 1
+        list(decoding)
+    finally:
+        scheduler.close()
+    assert scheduler.prepared_together == {1: 2}
+    lone = AnswerScheduler(engine.runner, engine.tokenizer, gather_s=600)
+    try:  # nothing decoding: not held for the window (this would wait out its 600 s)
+        assert isinstance(list(lone.submit([docs[1]], "What is the code of pier 4?", _params(gen_length=8)))[-1],
+                          AnswerResult)
+    finally:
+        lone.close()

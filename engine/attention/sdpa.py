@@ -13,10 +13,10 @@ def _grouped_queries(q: torch.Tensor, mask: torch.Tensor, hkv: int) -> tuple[tor
     """q [B, Hq, Tq, D] and its mask (broadcastable to [B, Hq, Tq, Tk]) with each KV head's query
     group stacked on the query axis: q [B, Hkv, g * Tq, D], mask broadcastable to [B, Hkv, g * Tq, Tk].
 
-    Why: SDPA has no masked GQA kernel; given a mask and `enable_gqa` it falls back to its math
-    path, which copies every KV head g times ([B, Hq, Tk, D], g = 7 at Dream-7B's shape: most of a
-    batched decode step's memory traffic). Grouped queries see the KV heads as they are and take
-    the memory-efficient kernel.
+    Why: SDPA's fused CUDA kernels (through torch 2.11 at least) take no mask with `enable_gqa`;
+    it then falls back to its math path, which copies every KV head g times ([B, Hq, Tk, D], g = 7
+    at Dream-7B's shape: a batched decode step masks its rows' padding). Grouped queries see the
+    KV heads as they are and take the memory-efficient kernel.
     """
     b, hq, tq, d = q.shape
     g = hq // hkv

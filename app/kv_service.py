@@ -218,12 +218,14 @@ class DocumentKVService:
     def get_chunks(self, doc_id: str, chunk_size: int, ordinals: list[int]) -> DocumentKV:
         """Some chunks of the document's KV (sorted ordinals), on the engine's device: from a pooled
         whole copy when there is one, else read from its files alone (memory-mapped), so a question
-        over a long document holds only the chunks it scores. Prefills first if needed."""
+        over a long document holds only the chunks it scores. Prefills first if needed. From the
+        pool's warm tier they are gathered into pinned host memory, not the whole document copied
+        to the device: the scheduler's loader copies them over."""
         if not ordinals:
             raise ValueError("get_chunks needs at least one chunk")
         key = self.key(doc_id, chunk_size)
-        hit = self.pool.get(key)
-        if hit is not None:  # (from the pool's pinned host tier: gathered pinned, for the copy to the GPU)
+        hit = self.pool.peek(key)
+        if hit is not None:
             return take_chunks(tensors_to_kv(hit), ordinals, pin=self.engine.device.type == "cuda")
         loaded = self._load(key, ordinals)
         if loaded is None:  # no files yet, or damaged ones: prefilled to files, then read

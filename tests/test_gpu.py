@@ -114,6 +114,28 @@ def test_pool_warm_tier_uses_pinned_memory():
     assert pool.counters.hits_warm == 1 and pool.counters.evictions_hot >= 1
 
 
+def test_pool_peek_leaves_a_warm_entry_in_pinned_host_memory():
+    """A question that takes a few chunks of a warm document peeks: the entry stays warm (no whole
+    copy to the device, nothing hot evicted) and the chunks are gathered pinned for the copy."""
+    from engine.method.kv_cache import DocumentKV, take_chunks
+    from storage import TieredKVPool
+
+    pool = TieredKVPool("cuda", hot_bytes=2 * 4000, warm_bytes=2 * 4000)
+    for i in range(3):
+        pool.put(i, {"keys": torch.full((1000,), float(i))}, source="disk")
+    assert pool.tier_of(0) == "warm" and pool.tier_of(2) == "hot"
+    hot_before = pool.usage()["hot_entries"]
+    got = pool.peek(0)
+    assert not got["keys"].is_cuda and got["keys"].is_pinned()
+    assert pool.tier_of(0) == "warm" and pool.usage()["hot_entries"] == hot_before
+    assert pool.counters.hits_warm == 1 and pool.counters.bytes_to_hot == 0
+    kv = torch.arange(2 * 5 * 3, dtype=torch.float32).view(1, 5, 1, 3, 2)
+    doc = DocumentKV(keys=kv, values=-kv, lengths=torch.full((5,), 3), tokens=torch.zeros(5, 3, dtype=torch.long),
+                     content_starts=torch.arange(5) * 2)
+    chunks = take_chunks(doc, [4, 1], pin=True)
+    assert chunks.keys.is_pinned() and torch.equal(chunks.keys, kv[:, [4, 1]])
+
+
 @pytest.mark.parametrize("family", ["dream", "llada"])
 def test_captured_draft_and_scoring_replay_like_eager(family, dream_dir, llada_dir):
     """The draft and scoring graphs the engine's runner keeps, replayed for questions of several

@@ -71,6 +71,13 @@ def test_take_chunks_keeps_the_chunks_asked_in_their_order():
     assert taken.content_starts.tolist() == [20, 0, 12]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+def test_take_chunks_asked_to_pin_without_cuda_gathers_plainly():
+    doc = _document(4)
+    taken = take_chunks(doc, [3, 1], pin=True)  # nothing to pin for: no error, the same chunks
+    assert torch.equal(taken.keys, doc.keys[:, [3, 1]])
+
+
 @pytest.mark.gpu
 def test_take_chunks_pinned_for_the_gpu_equals_pageable():
     doc = _document(9, seed=1)

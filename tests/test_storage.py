@@ -468,6 +468,17 @@ def test_pool_lru_and_counters_on_cpu():
     assert pool.usage()["hot_bytes"] <= pool.hot_bytes
 
 
+def test_pool_peek_marks_an_entry_recently_used_where_it_is():
+    pool = TieredKVPool("cpu", hot_bytes=2 * 4000)
+    for i in range(2):
+        pool.put(i, {"keys": torch.full((1000,), float(i))}, source="disk")
+    got = pool.peek(0)  # 0 becomes most recent in its tier
+    assert float(got["keys"][0]) == 0.0 and pool.peek(7) is None
+    pool.put(2, {"keys": torch.full((1000,), 2.0)}, source="disk")  # evicts 1, not 0
+    assert pool.tier_of(0) == "hot" and pool.tier_of(1) is None
+    assert pool.counters.hits_hot == 1
+
+
 def test_fingerprint_tracks_config_tokenizer_and_weights(dream_dir, tmp_path):
     import shutil
 

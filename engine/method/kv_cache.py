@@ -62,14 +62,14 @@ def take_chunks(doc: DocumentKV, ordinals: list[int], pin: bool = False) -> Docu
     """The document's KV restricted to some chunks (in the order given): what a question scores
     when a prefilter keeps M of N chunks. content_starts keep their document offsets.
 
-    `pin`: a document in host memory is gathered into page-locked memory, because a GPU is to read
-    the result next: a pinned copy runs asynchronously at the link's speed, a pageable one is staged
-    through the driver's buffers on the copying thread."""
+    `pin`: a document in host memory is gathered into page-locked memory (where CUDA is), because a
+    GPU is to read the result next: a pinned copy runs asynchronously at the link's speed, a
+    pageable one is staged through the driver's buffers on the copying thread."""
     idx = torch.tensor(ordinals, dtype=torch.long)
     on_device = idx.to(doc.keys.device)
 
     def gather(kv: torch.Tensor) -> torch.Tensor:  # [L, N, Hkv, C, D] -> [L, M, Hkv, C, D]
-        if not (pin and kv.device.type == "cpu"):
+        if not (pin and kv.device.type == "cpu" and torch.cuda.is_available()):
             return kv.index_select(1, on_device)
         out = torch.empty((kv.shape[0], len(ordinals), *kv.shape[2:]), dtype=kv.dtype, pin_memory=True)
         return torch.index_select(kv, 1, on_device, out=out)

@@ -97,30 +97,29 @@ class TieredKVPool:
     def get(self, key: Hashable) -> TensorDict | None:
         """The entry on the hot device, or None if it is only on disk (or nowhere)."""
         with self._lock:
-            if key in self._hot:
-                self._hot.move_to_end(key)
-                self.counters.hits_hot += 1
-                return self._hot[key]
-            if key in self._warm:
-                entry = self._warm.pop(key)
-                self.counters.hits_warm += 1
-                return self._admit_hot(key, entry)
-            return None
+            entry = self._hit(key)
+            if entry is not None and key in self._warm:
+                return self._admit_hot(key, self._warm.pop(key))
+            return entry
 
     def peek(self, key: Hashable) -> TensorDict | None:
         """The entry where it is (on the hot device, or in the warm tier's pinned host memory),
         marked recently used in its tier but not moved: for a caller that takes a few of its
         chunks, which would otherwise copy the whole document to the device (and evict others)."""
         with self._lock:
-            if key in self._hot:
-                self._hot.move_to_end(key)
-                self.counters.hits_hot += 1
-                return self._hot[key]
-            if key in self._warm:
-                self._warm.move_to_end(key)
-                self.counters.hits_warm += 1
-                return self._warm[key]
-            return None
+            return self._hit(key)
+
+    def _hit(self, key: Hashable) -> TensorDict | None:
+        """The entry in its tier, counted as a hit there and made its most recently used."""
+        if key in self._hot:
+            self._hot.move_to_end(key)
+            self.counters.hits_hot += 1
+            return self._hot[key]
+        if key in self._warm:
+            self._warm.move_to_end(key)
+            self.counters.hits_warm += 1
+            return self._warm[key]
+        return None
 
     def put(self, key: Hashable, entry: TensorDict, source: str) -> TensorDict:
         """Adds an entry that came from `source` ("disk" or "prefill"); returns it on the hot device."""

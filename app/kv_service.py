@@ -216,11 +216,11 @@ class DocumentKVService:
         return tensors_to_kv(self.pool.put(key, _pool_entry(doc), source="disk"))
 
     def get_chunks(self, doc_id: str, chunk_size: int, ordinals: list[int]) -> DocumentKV:
-        """Some chunks of the document's KV (sorted ordinals), on the engine's device: from a pooled
-        whole copy when there is one, else read from its files alone (memory-mapped), so a question
-        over a long document holds only the chunks it scores. Prefills first if needed. From the
-        pool's warm tier they are gathered into pinned host memory, not the whole document copied
-        to the device: the scheduler's loader copies them over."""
+        """Some chunks of the document's KV (sorted ordinals): from a pooled whole copy when there
+        is one, else read from its files alone (memory-mapped), so a question over a long document
+        holds only the chunks it scores. Prefills first if needed. On the engine's device, except
+        from the pool's warm tier: gathered there into pinned host memory for the scheduler's
+        loader to copy, rather than the whole document copied to the device first."""
         if not ordinals:
             raise ValueError("get_chunks needs at least one chunk")
         key = self.key(doc_id, chunk_size)

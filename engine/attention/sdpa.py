@@ -45,7 +45,7 @@ def sdpa_attention(q, k, v, mask: MaskSpec, scale: float, return_lse: bool = Fal
         grouped, grouped_mask = _grouped_queries(q, dense, hkv)
         out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=grouped_mask, scale=scale)
         out = out.reshape(b, hq, tq, d)
-    else:  # unmasked GQA: SDPA's flash kernel reads KV head j for query heads j*g .. j*g+g-1, as we do
+    else:  # no mask, or no GQA: SDPA's own kernels (its enable_gqa reads KV head j for query heads j*g .. j*g+g-1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=scale, enable_gqa=hq != hkv)
     lse = None
     if return_lse:

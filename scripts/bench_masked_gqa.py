@@ -66,6 +66,8 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=50)
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_masked_gqa: needs a CUDA device (it times SDPA's GPU kernels)")
     cfg = KNOWN_CONFIGS[args.shape]
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(f"{args.shape}: {cfg.num_heads} query heads, {cfg.num_kv_heads} KV heads, head dim {cfg.head_dim}; "

@@ -171,7 +171,6 @@ class _Submitted:
     chunk_priors: Sequence[Sequence[float]] | None
     interrupt_check: Callable[[], None] | None
     handle: QuestionHandle
-    at: float = field(default_factory=time.monotonic)  # when it was submitted
 
 
 @dataclass(eq=False)
@@ -203,20 +202,14 @@ class AnswerScheduler:
     reading of the weights for all), and fill the batch sooner: with one a step, an answer of S
     steps caps the batch near S. Fewer keep the pause the decoding questions see between two steps
     short.
-    `gather_s`: while questions are decoding, a newcomer waits up to this long for others (until
-    max_prepare, or as many as the batch has room for, have arrived) before it is taken off the
-    queue, so that questions trickling in share one draft and one preparation instead of each
-    pausing the batch for passes of its own; with nothing decoding it is taken at once. 0: taken
-    at the next step.
     """
 
     def __init__(self, runner: Runner, tokenizer, max_batch: int = 16, max_waiting: int = 64,
-                 max_prepare: int = 8, gather_s: float = 0.0) -> None:
-        if max_batch < 1 or max_waiting < 0 or max_prepare < 1 or not gather_s >= 0:
-            raise ValueError("max_batch and max_prepare must be >= 1, max_waiting and gather_s >= 0")
+                 max_prepare: int = 8) -> None:
+        if max_batch < 1 or max_waiting < 0 or max_prepare < 1:
+            raise ValueError("max_batch and max_prepare must be >= 1 and max_waiting >= 0")
         self.runner, self.tokenizer = runner, tokenizer
         self.max_batch, self.max_waiting, self.max_prepare = max_batch, max_waiting, max_prepare
-        self.gather_s = gather_s
         self.turns = FairTurns()
         self.batch_sizes: collections.Counter[int] = collections.Counter()  # forwards run at each row count
         self.prepared_together: collections.Counter[int] = collections.Counter()  # preparations by newcomers
@@ -308,7 +301,7 @@ class AnswerScheduler:
                     self._waiting.remove(submitted)  # its asker left while it waited: it never runs
                     self._pending -= 1
                     submitted.handle._events.put(_DONE)
-                newcomers = self._take_waiting(self.max_batch) if self._gathered() else []
+                newcomers = self._take_waiting(self.max_batch)
             while newcomers:
                 self._start_loads()
                 self._draft(newcomers)
@@ -340,16 +333,6 @@ class AnswerScheduler:
         room = self.max_batch - len(self._active) - len(self._admitting)
         left = any(w.handle._cancelled.is_set() for w in self._waiting)  # to drop: its place is free
         return bool((self._waiting and room > 0) or left or self._active or self._loaded_admitting())
-
-    def _gathered(self) -> bool:
-        """Whether the waiting questions are to be taken off the queue now (the caller holds
-        `_wake`): at once with nothing decoding; else once as many have arrived as one
-        preparation takes (or the batch has room for), or the first has waited `gather_s`."""
-        if not self._waiting or not self._active or self.gather_s <= 0:
-            return True
-        room = self.max_batch - len(self._active) - len(self._admitting)
-        return (len(self._waiting) >= min(self.max_prepare, max(room, 1))
-                or time.monotonic() - self._waiting[0].at >= self.gather_s)
 
     def _loaded_admitting(self) -> list[tuple[_Submitted, DraftedQuestion]]:
         """The drafted questions to prepare now: those whose documents are loaded, in order, up to

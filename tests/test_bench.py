@@ -96,14 +96,3 @@ def test_bench_concurrency_with_the_documents_held_on_the_host():
         assert phases[0].batch_sizes == {1: 2 * 16} and max(phases[1].batch_sizes) == 2
     with pytest.raises(ValueError, match="documents_on"):
         load_bench.run("tiny", 2, 256, 16, "cpu", chunk_size=32, top_k=2, documents_on="disk")
-
-
-def test_bench_concurrency_with_a_gathering_window():
-    """`gather_s` reaches the scheduler: every question still answers; a negative window is refused."""
-    from tools import load_bench
-
-    phases = load_bench.run("tiny", 3, 256, 16, "cpu", chunk_size=32, top_k=2, rounds=1, poisson_questions=6,
-                            progress=lambda line: None, gather_s=0.02)
-    assert [p.questions for p in phases] == [3, 3, 3, 6]
-    with pytest.raises(ValueError, match="gather_s"):
-        load_bench.run("tiny", 2, 256, 16, "cpu", chunk_size=32, top_k=2, rounds=1, gather_s=-1)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import threading
-import time
 
 import pytest
 import torch
@@ -606,102 +604,3 @@ def test_a_question_left_while_its_documents_load_does_not_hold_up_the_others(en
     finally:
         stuck.set()
         scheduler.close()
-
-
-class _Pacer:
-    """Paces a question through its `interrupt_check` (run on the scheduler's thread before each of
-    its phases and steps): the scheduler passes as many checks as the test allows, so arrivals can
-    be placed a number of steps apart whatever the machine's speed."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self.allowed = self.passed = 0
-
-    def check(self) -> None:
-        with self._cond:
-            if not self._cond.wait_for(lambda: self.passed < self.allowed, timeout=60):
-                raise TimeoutError("the test never let the question go on")
-            self.passed += 1
-            self._cond.notify_all()
-
-    def allow(self, checks: int) -> None:
-        """Lets the scheduler pass `checks` more checks and waits until it has."""
-        with self._cond:
-            self.allowed += checks
-            self._cond.notify_all()
-            assert self._cond.wait_for(lambda: self.passed == self.allowed, timeout=60)
-
-    def until(self, condition) -> None:
-        """Allows one check at a time until `condition()` holds."""
-        while not condition():
-            self.allow(1)
-
-    def free(self) -> None:
-        with self._cond:
-            self.allowed = 1 << 40
-            self._cond.notify_all()
-
-
-def test_questions_trickling_in_while_others_decode_are_gathered_into_one_preparation(engines):
-    """With `gather_s`, newcomers arriving a few steps apart while a question decodes wait for each
-    other (up to max_prepare) and are drafted and prepared in one set of shared passes, not one
-    set each; every answer is the one the question gives alone."""
-    engine = engines["dream"]
-    docs = _documents(engine, 4)
-    asks = [(docs[i + 1], f"Which berth is number {i}?", _params()) for i in range(3)]
-    alone = [engine.answer(doc, q, p) for doc, q, p in asks]
-    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=8, max_prepare=3, gather_s=600)
-    pacer = _Pacer()
-    try:
-        decoding = scheduler.submit([docs[0]], "Who keeps the key?", _params(gen_length=96, steps=96),
-                                    interrupt_check=pacer.check)
-        pacer.until(lambda: scheduler.load()[0] == 1)  # it decodes
-        handles = []
-        for doc, q, p in asks:
-            handles.append(scheduler.submit([doc], q, p))
-            pacer.allow(3)  # arrivals three steps apart: without gathering each is prepared alone
-        pacer.free()
-        events = [list(h) for h in handles]
-        list(decoding)
-    finally:
-        pacer.free()
-        scheduler.close()
-    assert scheduler.prepared_together == {1: 1, 3: 1}
-    for a, b in zip(alone, [e[-1] for e in events], strict=True):
-        assert isinstance(b, AnswerResult) and b.answer_ids == a.answer_ids
-
-
-def test_a_gathered_newcomer_waits_no_longer_than_gather_s(engines):
-    """A newcomer that no other joins stays queued while the question already decoding steps, and
-    is taken once it has waited `gather_s`, that question still decoding; one asked with nothing
-    decoding is taken at once."""
-    engine = engines["llada"]
-    docs = _documents(engine, 2)
-    window = 0.3
-    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=8, max_prepare=4, gather_s=window)
-    pacer = _Pacer()
-    try:
-        decoding = scheduler.submit([docs[0]], "Who keeps the key?", _params(gen_length=64, steps=64),
-                                    interrupt_check=pacer.check)
-        pacer.until(lambda: scheduler.load()[0] == 1)
-        asked = time.monotonic()
-        late = scheduler.submit([docs[1]], "What is the code of pier 4?", _params(gen_length=8))
-        pacer.allow(2)
-        assert scheduler.load() == (1, 1) or time.monotonic() - asked >= window  # held (unless the machine stalled)
-        time.sleep(window)
-        pacer.until(lambda: scheduler.load()[1] == 0)  # taken off the queue at the next step ...
-        assert pacer.passed < 20  # ... the first still decoding (64 steps)
-        pacer.free()
-        assert isinstance(list(late)[-1], AnswerResult) and isinstance(list(decoding)[-1], AnswerResult)
-    finally:
-        pacer.free()
-        scheduler.close()
-    assert scheduler.prepared_together == {1: 2}
-    lone = AnswerScheduler(engine.runner, engine.tokenizer, gather_s=600)
-    with concurrent.futures.ThreadPoolExecutor(1) as asker:
-        try:  # nothing decoding: taken at once, not after the window
-            answer = asker.submit(lambda: list(lone.submit([docs[1]], "What is the code of pier 4?",
-                                                           _params(gen_length=8))))
-            assert isinstance(answer.result(timeout=60)[-1], AnswerResult)
-        finally:
-            lone.close()

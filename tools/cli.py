@@ -115,9 +115,6 @@ def _build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--max-prepare", type=int, default=8, metavar="Q",
                     help="with --concurrency: newcomers the scheduler prepares between two steps, their chunks "
                          "scored in shared passes (default 8, the app's)")
-    bn.add_argument("--gather-ms", type=float, default=0.0, metavar="MS",
-                    help="with --concurrency: while questions decode, a newcomer waits up to MS for others "
-                         "(up to --max-prepare) to share its draft and preparation (default 0, the app's)")
     bn.add_argument("--documents-on", choices=DOCUMENTS_ON, default="device",
                     help="with --concurrency: where the N documents' KV is held; host: the scheduler's loader "
                          "threads copy each question's document (or its --prefilter candidates) to the GPU, as "
@@ -247,9 +244,8 @@ def _bench_concurrency(args: argparse.Namespace, scoring) -> int:
 
     from tools import load_bench
 
-    if not 0 < args.load <= 1.5 or not args.rounds or args.max_prepare < 1 or not args.gather_ms >= 0:
-        print("docqa-tools: --load must be in (0, 1.5], --rounds and --max-prepare at least 1, --gather-ms "
-              "at least 0", file=sys.stderr)
+    if not 0 < args.load <= 1.5 or not args.rounds or args.max_prepare < 1:
+        print("docqa-tools: --load must be in (0, 1.5], --rounds and --max-prepare at least 1", file=sys.stderr)
         return EXIT_USAGE
     answer, prefilter = args.answers[0], args.prefilter[0]
     try:
@@ -262,15 +258,14 @@ def _bench_concurrency(args: argparse.Namespace, scoring) -> int:
                             progress=lambda line: print(line, file=sys.stderr, flush=True), scoring=scoring,
                             prefilter=prefilter, tokens_per_step=args.tokens_per_step,
                             max_prepare=args.max_prepare, block_length=args.block_length,
-                            documents_on=args.documents_on, gather_s=args.gather_ms / 1000)
+                            documents_on=args.documents_on)
     meta = {"shape": args.shape, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "concurrency": args.concurrency, "context": args.contexts[0],
             "answer": answer, "chunk_size": args.chunk_size, "top_k": args.top_k, "load": args.load,
             "scorer": args.scorer, "llada_folds": args.llada_folds or "leave-one-out",
             "prefilter": prefilter or "every chunk",
             "rule": f"{args.tokens_per_step} token(s) committed per step", "max_prepare": args.max_prepare,
-            "block_length": min(args.block_length, answer), "documents_on": args.documents_on,
-            "gather_ms": args.gather_ms}
+            "block_length": min(args.block_length, answer), "documents_on": args.documents_on}
     load_bench.write(phases, args.out, meta)
     print(load_bench.table(phases))
     return EXIT_OK

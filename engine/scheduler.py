@@ -439,8 +439,8 @@ class AnswerScheduler:
             submitted.interrupt_check()
 
     def _prepare(self, newcomers: list[tuple[_Submitted, DraftedQuestion]]) -> None:
-        """Loads the newcomers' documents and prepares them together; each joins the batch (or
-        ends with its error)."""
+        """Prepares the newcomers together over the documents their loads returned; each joins the
+        batch (or ends with its error, a failed load's included)."""
         drafted = dict(newcomers)  # by identity: a _Submitted compares as itself
         loaded = [(submitted, drafted[submitted], documents) for submitted, documents in self._each_still_asked(
             list(drafted), lambda s: self._loads.pop(s).result())]

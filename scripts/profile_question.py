@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from functools import partial
 from pathlib import Path
@@ -47,26 +46,9 @@ from engine.model.compiled_layers import EagerOnFailure
 from engine.model.weights import random_model
 from engine.runner import Runner
 from tools.bench import BENCH_SCORING, SHAPES, matmul_flops_per_token, random_question
+from tools.kernel_profile import kernel_summary
 
 SECTIONS = ("prefill", "scoring", "decode", "kv_build", "first")
-KINDS = [("gemm", r"gemm|gemv|cutlass|sm90|matmul|splitK|nvjet"), ("split_kv", r"split_kv|_merge_kernel"),
-         ("inductor", r"^triton_"), ("attention", r"flash|fmha|attention|efficient"),
-         ("softmax/reduce", r"softmax|reduce|argmax|max_|topk|sort"), ("copy/index", r"copy|index|gather|scatter|cat")]
-
-
-def _kernel_summary(prof, steps: int) -> dict:
-    """GPU kernels grouped by kind: count and ms, per step."""
-    out: dict[str, dict[str, float]] = {}
-    for evt in prof.key_averages():
-        if evt.cpu_time_total > 0 or evt.self_device_time_total <= 0:  # an operator, not a kernel
-            continue
-        kind = next((k for k, pat in KINDS if re.search(pat, evt.key, re.IGNORECASE)), "other")
-        slot = out.setdefault(kind, {"kernels_per_step": 0.0, "ms_per_step": 0.0})
-        slot["kernels_per_step"] += evt.count / steps
-        slot["ms_per_step"] += evt.self_device_time_total / 1000 / steps
-    return out
-
-
 def _seconds(fn, sync, reps: int) -> float:
     sync()
     t = time.perf_counter()
@@ -260,7 +242,7 @@ def _profile_decode(runner: Runner, eager: Runner, doc, prompt, scoring, samplin
         wall = time.perf_counter() - t
         prof.stop()
         (args.out / f"{variant}.txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=40))
-        kernels = _kernel_summary(prof, steps)
+        kernels = kernel_summary(prof, steps)
         variants[variant] = {
             "static_layout": result.trace.static_layout, "first_two_questions_s": warm_s, "question_s": total,
             "phases": result.trace.timings,
@@ -352,7 +334,7 @@ def _profile_once(fn, stem: Path, sync, activities, sort_by) -> dict:
     stem.with_name(stem.name + ".txt").write_text(prof.key_averages().table(sort_by=sort_by, row_limit=50))
     stem.with_name(stem.name + "_cpu.txt").write_text(prof.key_averages().table(sort_by="cpu_time_total",
                                                                                 row_limit=50))
-    kernels = _kernel_summary(prof, 1)
+    kernels = kernel_summary(prof, 1)
     return {"profiled_wall_ms": wall_ms, "gpu_busy_ms": sum(k["ms_per_step"] for k in kernels.values()),
             "kernels": sum(k["kernels_per_step"] for k in kernels.values()), "by_kind": kernels}
 

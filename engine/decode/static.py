@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import attention_probs, full_mask
+from engine.attention.split_kv import padded_rows_attention
 from engine.cuda_graphs import ANSWER_GRAPHS, GraphedCall, kept_pool
 from engine.decode.loop import (
     BlockDone,
@@ -403,16 +404,23 @@ def batch_rows(n: int) -> int:
 class _BatchedLayerCache:
     """One layer of a batch's static contexts, attending by itself (an AttendingCache): keys and
     values [N, Hkv, T + block, D], row i its question's context padded to T, then its active block,
-    which each forward writes in place (no concatenation per step)."""
+    which each forward writes in place (no concatenation per step).
+
+    Where the split-KV kernels run natively (CUDA), the rows attend through
+    `padded_rows_attention`, which splits each row's keys over the GPU; elsewhere through the
+    runner's backend with the key-padding mask (the reference the kernel is tested against)."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, runner: Runner) -> None:
-        self.keys, self.values, self.runner = keys, values, runner
-        self.mask = full_mask(key_valid=valid)  # valid: [N, T + block] bool, shared by the layers
+        self.keys, self.values, self.runner, self.valid = keys, values, runner, valid  # valid: [N, T + block] bool
+        self.mask = full_mask(key_valid=valid)  # shared by the layers
+        self.split_kv = runner.split_kv_native
 
     def attend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, scale: float) -> torch.Tensor:
         block = k_new.shape[2]
         self.keys[:, :, -block:] = k_new
         self.values[:, :, -block:] = v_new
+        if self.split_kv:
+            return padded_rows_attention(q, self.keys, self.values, self.valid, scale)
         out, _ = self.runner.attention(q, self.keys, self.values, self.mask, scale, return_lse=False)
         return out
 

@@ -26,6 +26,7 @@ from engine.decode.loop import (
     LogitsRequest,
     block_logits,
     decide_together,
+    decision_inputs,
     slot_logits_from_rows,
 )
 from engine.decode.sampling import prediction_rows
@@ -630,17 +631,22 @@ class StaticBatch:
         (`_refresh`; an error there is that request's reply alone); where `decide`, the steps of the
         LogitsRequests `decided_together` decided and written at once (`decide_together`); logits
         for the others."""
-        logits, rows = self._forward(requests)  # [rows, S (+1), V]
         shifted, block_length = self.runner.cfg.logits_shifted, requests[0].decoder.block_length
+        rows = self._place(requests)
+        together = [i for i, r in enumerate(requests) if decide and isinstance(r, LogitsRequest) and r.decided_together]
+        # The decisions' inputs go to the device before the forward is launched: made after, their
+        # copies would wait for it, then the GPU for the host.
+        inputs = decision_inputs([requests[i] for i in together], [rows[i] for i in together], block_length,
+                                 self.runner.device) if together else None
+        logits = self._launch(requests, rows)  # [rows, S (+1), V]
         out: dict[int, DecidedStep | BlockRefreshed | BaseException] = {}
         for i, (r, row) in enumerate(zip(requests, rows, strict=True)):
             if isinstance(r, BlockDone):
                 out[i] = self._refresh(r, row, logits[row, block_length] if shifted else None)
-        together = [i for i, r in enumerate(requests) if decide and isinstance(r, LogitsRequest) and r.decided_together]
         if together:
             decided = decide_together([requests[i] for i in together], logits[:, :block_length],
                                       [rows[i] for i in together],
-                                      [requests[i].decoder.ctx.anchor_logits for i in together], shifted)
+                                      [requests[i].decoder.ctx.anchor_logits for i in together], shifted, inputs)
             out.update(zip(together, decided, strict=True))
         return [out[i] if i in out else slot_logits_from_rows(
                     logits[row, r.slots - r.block * block_length], r.slots - r.block * block_length,
@@ -660,25 +666,27 @@ class StaticBatch:
             step.let_go(row)
             return exc
 
-    def _forward(self, requests: list) -> tuple[torch.Tensor, list[int]]:
-        """The batched block forward of the requests (LogitsRequests and BlockDones): logits
-        [rows, block (+1 for a shifted model), V] (overwritten by the next forward) and each
-        request's row."""
+    def _place(self, requests: list) -> list[int]:
+        """Each request's row in the batched step its requests (LogitsRequests and BlockDones of
+        one block length) take, their contexts copied in where new."""
         decoders: list[StaticDecoder] = [r.decoder for r in requests]
-        block_length = decoders[0].block_length
-        if any(d.block_length != block_length for d in decoders):
+        if any(d.block_length != decoders[0].block_length for d in decoders):
             raise ValueError("a batch steps one block length")
         step = self._step_for(requests)
         try:
-            rows = step.place([d.ctx for d in decoders])
+            return step.place([d.ctx for d in decoders])
         except BaseException:
             self.clear()  # a half-copied row must not pass for its context
             raise
+
+    def _launch(self, requests: list, rows: list[int]) -> torch.Tensor:
+        """The batched block forward of the placed requests: logits [rows, block (+1 for a shifted
+        model), V], overwritten by the next forward."""
+        block_length = requests[0].decoder.block_length
         ids = torch.stack([r.answer[r.block * block_length:(r.block + 1) * block_length] for r in requests])
-        starts = torch.tensor([d.ctx.answer_start + r.block * block_length for r, d in zip(requests, decoders,
-                                                                                          strict=True)])
+        starts = torch.tensor([r.decoder.ctx.answer_start + r.block * block_length for r in requests])
         positions = (starts[:, None] + torch.arange(block_length)).to(self.runner.device)  # [N, block]
-        logits = step(rows, ids, positions)
-        for d in decoders:
-            d.forward_passes += 1
-        return logits, rows
+        logits = self._step(rows, ids, positions)
+        for r in requests:
+            r.decoder.forward_passes += 1
+        return logits

@@ -407,14 +407,15 @@ class _BatchedLayerCache:
     values [N, Hkv, T + block, D], row i its question's context padded to T, then its active block,
     which each forward writes in place (no concatenation per step).
 
-    Where the split-KV kernels run natively (CUDA), the rows attend through
-    `padded_rows_attention`, which splits each row's keys over the GPU; elsewhere through the
-    runner's backend with the key-padding mask (the reference the kernel is tested against)."""
+    With `split_kv` the rows attend through `padded_rows_attention`, which splits each row's keys
+    over the GPU; else through the runner's backend with the key-padding mask (the reference the
+    kernel is tested against)."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, runner: Runner) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, runner: Runner,
+                 split_kv: bool) -> None:
         self.keys, self.values, self.runner, self.valid = keys, values, runner, valid  # valid: [N, T + block] bool
         self.mask = full_mask(key_valid=valid)  # shared by the layers
-        self.split_kv = runner.split_kv_native
+        self.split_kv = split_kv
 
     def attend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, scale: float) -> torch.Tensor:
         block = k_new.shape[2]
@@ -432,8 +433,8 @@ class _RowsForward:
 
     def __init__(self, step: _BatchedStep, rows: int) -> None:
         self.runner = step.runner
-        self.layers = [_BatchedLayerCache(c.keys[:rows], c.values[:rows], step.valid[:rows], step.runner)
-                       for c in step.layers]
+        self.layers = [_BatchedLayerCache(c.keys[:rows], c.values[:rows], step.valid[:rows], step.runner,
+                                          step.split_kv) for c in step.layers]
         self.ids, self.positions, self.logit_rows = step.ids[:rows], step.positions[:rows], step.logit_rows
         self.call = GraphedCall(self._run, self.runner.uses_graphs, f"batched decode step ({rows} rows)",
                                 kept_pool(self.runner, ANSWER_GRAPHS))
@@ -457,15 +458,16 @@ class _BatchedStep:
     """
 
     def __init__(self, runner: Runner, capacity: int, context_len: int, block_length: int,
-                 like: torch.Tensor) -> None:
+                 like: torch.Tensor, split_kv: bool) -> None:
         if capacity != batch_rows(capacity):
             raise ValueError(f"a batched step's capacity is a power of two, got {capacity}")
         cfg, device = runner.cfg, runner.device
         self.runner, self.capacity, self.context_len, self.block_length = runner, capacity, context_len, block_length
+        self.split_kv = split_kv  # the rows attend through the padded-rows kernel (_BatchedLayerCache)
         shape = (capacity, cfg.num_kv_heads, context_len + block_length, cfg.head_dim)
         self.valid = torch.zeros(capacity, context_len + block_length, dtype=torch.bool, device=device)
         self.valid[:, context_len:] = True
-        self.layers = [_BatchedLayerCache(like.new_zeros(shape), like.new_zeros(shape), self.valid, runner)
+        self.layers = [_BatchedLayerCache(like.new_zeros(shape), like.new_zeros(shape), self.valid, runner, split_kv)
                        for _ in range(cfg.num_layers)]
         self.ids = torch.full((capacity, block_length), cfg.mask_token_id, dtype=torch.long, device=device)
         self.positions = torch.zeros(capacity, block_length, dtype=torch.long, device=device)
@@ -574,8 +576,11 @@ class StaticBatch:
     question's context is copied once when it joins.
     """
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Runner, split_kv: bool | None = None) -> None:
+        """`split_kv`: the rows attend through the split-KV padded-rows kernel (by default where it
+        runs natively: CUDA; under Triton's interpreter it is the tests' choice, being slow)."""
         self.runner = runner
+        self.split_kv = runner.split_kv_native if split_kv is None else split_kv
         self._step: _BatchedStep | None = None
 
     def clear(self) -> None:
@@ -609,9 +614,9 @@ class StaticBatch:
         kept = self.runner.kept_items("batched static step").get(block)
         capacity = max(rows, kept.capacity if kept is not None else 1)
         step = self.runner.kept("batched static step", block, MAX_BATCH_STEPS,
-                                lambda: _BatchedStep(self.runner, capacity, length, block, like),
+                                lambda: _BatchedStep(self.runner, capacity, length, block, like, self.split_kv),
                                 fits=lambda s: s.capacity >= rows and s.context_len >= need
-                                and s.layers[0].keys.dtype == like.dtype)
+                                and s.layers[0].keys.dtype == like.dtype and s.split_kv == self.split_kv)
         if step is not self._step:
             self.clear()
             self._step = step

@@ -80,12 +80,16 @@ def _drive_together(runner, loops, split_kv: bool | None = None) -> list:
 
 @pytest.mark.skipif(not kernel_usable("cpu", 32), reason="needs Triton's interpreter (tests/conftest.py)")
 @pytest.mark.parametrize("family", ["dream", "llada"])
-def test_rows_attending_through_the_split_kv_kernel_step_as_each_question_alone(family, tmp_path):
+def test_rows_attending_through_the_split_kv_kernel_step_as_each_question_alone(family, tmp_path, monkeypatch):
     """The batched step with the padded-rows kernel (what runs on CUDA; here under Triton's
     interpreter, so a model of head size 32): its logits are each decoder's alone, which attends
     through SDPA, and greedy answers stepped together are each question's alone."""
     from engine import Engine
+    from engine.decode import static
 
+    calls = []
+    kernel = static.padded_rows_attention
+    monkeypatch.setattr(static, "padded_rows_attention", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
     write_random_checkpoint(tmp_path, family, TinyShape(hidden_size=128, intermediate_size=256), seed=5)
     engine = Engine.from_pretrained(tmp_path, device="cpu")
     runner = engine.runner
@@ -101,7 +105,7 @@ def test_rows_attending_through_the_split_kv_kernel_step_as_each_question_alone(
     prepared = [prepare_answer(runner, engine.tokenizer, [doc], q, p) for doc, q, p in asks]
     outcomes, decided = _drive_together(runner, [decode_blocks(p.decoder, runner.cfg, p.sampling, p.generator,
                                                                runner.device) for p in prepared], split_kv=True)
-    assert decided > 0
+    assert decided > 0 and len(calls) > runner.cfg.num_layers  # the kernel served the steps: every layer, each
     for outcome, (doc, q, p) in zip(outcomes, asks, strict=True):
         assert outcome.answer_ids == engine.answer(doc, q, p).answer_ids
 
@@ -253,7 +257,7 @@ def test_a_failed_refresh_is_its_own_questions_error_and_a_full_row_is_let_go(en
     batch.clear()
 
     ctx = done.decoder.ctx
-    tight = _BatchedStep(runner, 1, ctx.key_valid.shape[1], 8, ctx.kv[0][0], False)  # no room for one more block
+    tight = _BatchedStep(runner, 1, ctx.key_valid.shape[1], 8, ctx.kv[0][0], split_kv=False)  # no room for a block
     row = tight.place([ctx])[0]
     tight([row], done.answer[None, :8], ctx.answer_start + torch.arange(8)[None])
     done.decoder.take_block(tight.block_kv(row), None)

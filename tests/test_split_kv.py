@@ -187,7 +187,7 @@ def test_rows_split_sizes():
     from engine.attention.split_kv import rows_split
 
     one = rows_split(8, 4, 224, 2121)  # Dream-7B, eight rows: 128 programs a split
-    assert (one.block_m, one.num_splits, one.split_len) == (64, 3, 768)
+    assert (one.block_m, one.num_splits, one.split_len) == (64, 3, 1024)
     alone = rows_split(1, 4, 224, 2121)  # one row: splits of at least 128 keys fill the GPU
     assert (alone.num_splits, alone.split_len) == (17, 128)
     assert rows_split(1, 4, 224, 2121, target_programs=1).num_splits == 1

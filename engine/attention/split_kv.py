@@ -1,4 +1,6 @@
-"""Split-KV attention for a decode step over chunk pages: the GPU fast path and its fp32 reference.
+"""Split-KV attention for decode steps: over chunk pages (one question), and over padded rows (a
+batch of questions' contiguous contexts, `padded_rows_attention`, at the end); GPU fast paths and
+their fp32 references.
 
 The active block's queries attend to
 - the selected chunks' cached KV, read in place from the document's cache (`pages`, one chunk a
@@ -272,13 +274,20 @@ if triton is not None:
                 row = offs_n.to(tl.int64) * stride_tt
                 acc1, acc2, m_i, l_i = _attend_tile(qa, qb, KT + h * stride_th, VT + h * stride_th, row, offs_n < hi,
                                                     acc1, acc2, m_i, l_i, HALF, dot_ty, PRECISION)
+        _store_partial(OUT + s * stride_os + h * stride_oh, LSE + s * stride_ls + h * stride_lh, offs_m, m_ok,
+                       stride_om, acc1, acc2, m_i, l_i, HALF)
+
+    @triton.jit
+    def _store_partial(o_base, lse_base, offs_m, m_ok, stride_om, acc1, acc2, m_i, l_i, HALF: tl.constexpr):
+        """A split's normalised partial output (two halves of the head) and its log-sum-exp in log2
+        units (-inf where it saw no key: the merge's neutral element)."""
         empty = l_i == 0.0
         inv = tl.where(empty, 0.0, 1.0 / l_i)
-        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # log2 units
-        o_ptr = OUT + s * stride_os + h * stride_oh + offs_m[:, None] * stride_om + d
+        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+        o_ptr = o_base + offs_m[:, None] * stride_om + tl.arange(0, HALF)[None, :]
         tl.store(o_ptr, acc1 * inv[:, None], mask=m_ok[:, None])
         tl.store(o_ptr + HALF, acc2 * inv[:, None], mask=m_ok[:, None])
-        tl.store(LSE + s * stride_ls + h * stride_lh + offs_m, lse, mask=m_ok)
+        tl.store(lse_base + offs_m, lse, mask=m_ok)
 
     @triton.jit
     def _attend_tile(qa, qb, k_base, v_base, row, n_ok, acc1, acc2, m_i, l_i, HALF: tl.constexpr,
@@ -417,7 +426,7 @@ def kernel_usable(device: torch.device | str, head_dim: int) -> bool:
 class RowsSplit:
     """How the key axis of a padded-rows attention is cut: `num_splits` splits of `split_len` keys."""
 
-    split_len: int  # a multiple of block_n
+    split_len: int  # a power of two, at least block_n
     num_splits: int
     block_m: int  # query rows per program (query heads per KV head x block tokens)
     block_n: int  # keys per tile
@@ -426,12 +435,15 @@ class RowsSplit:
 def rows_split(rows: int, kv_heads: int, rows_per_kv_head: int, keys: int, target_programs: int = 264,
                block_n: int = 64, min_split_keys: int = 128) -> RowsSplit:
     """Splits of at least `min_split_keys` keys, enough for about `target_programs` programs
-    (two waves on 132 SMs); a function of the shapes only, so a captured graph keeps its cut."""
+    (two waves on 132 SMs); a function of the shapes only, so a captured graph keeps its cut. The
+    split's length is a power of two: it is a compile-time constant of the kernel (Triton's
+    interpreter takes no runtime loop bound), and the batch's rows and context length change as
+    questions come and go; powers of two keep the compiled variants few."""
     block_m = max(16, min(64, 1 << (rows_per_kv_head - 1).bit_length()))
     units = rows * kv_heads * math.ceil(rows_per_kv_head / block_m)
     most = max(1, math.ceil(keys / max(min_split_keys, block_n)))
     splits = max(1, min(most, math.ceil(target_programs / units)))
-    split_len = math.ceil(math.ceil(keys / splits) / block_n) * block_n
+    split_len = max(block_n, 1 << (math.ceil(keys / splits) - 1).bit_length())
     return RowsSplit(split_len, math.ceil(keys / split_len), block_m, block_n)
 
 
@@ -467,17 +479,11 @@ if triton is not None:
         for n0 in range(0, SPLIT, BLOCK_N):
             offs_n = s * SPLIT + n0 + tl.arange(0, BLOCK_N)
             n_ok = tl.load(VALID + b * stride_vb + offs_n, mask=offs_n < Tk, other=0) != 0
-            if tl.max(n_ok.to(tl.int32), 0) > 0:  # a tile of padding only is skipped
-                row = offs_n.to(tl.int64) * stride_kt
-                acc1, acc2, m_i, l_i = _attend_tile(qa, qb, k_base, v_base, row, n_ok, acc1, acc2, m_i, l_i,
-                                                    HALF, dot_ty, PRECISION)
-        empty = l_i == 0.0
-        inv = tl.where(empty, 0.0, 1.0 / l_i)
-        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # log2 units
-        o_ptr = OUT + s * stride_os + bh * stride_oh + offs_m[:, None] * stride_om + d
-        tl.store(o_ptr, acc1 * inv[:, None], mask=m_ok[:, None])
-        tl.store(o_ptr + HALF, acc2 * inv[:, None], mask=m_ok[:, None])
-        tl.store(LSE + s * stride_ls + bh * stride_lh + offs_m, lse, mask=m_ok)
+            row = offs_n.to(tl.int64) * stride_kt
+            acc1, acc2, m_i, l_i = _attend_tile(qa, qb, k_base, v_base, row, n_ok, acc1, acc2, m_i, l_i,
+                                                HALF, dot_ty, PRECISION)
+        _store_partial(OUT + s * stride_os + bh * stride_oh, LSE + s * stride_ls + bh * stride_lh, offs_m, m_ok,
+                       stride_om, acc1, acc2, m_i, l_i, HALF)
 
 
 def padded_rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor, scale: float,

@@ -126,7 +126,8 @@ class DecisionInputs:
     index: torch.Tensor  # [N, width] long, block slots of each request's masked ones (padded with its first)
     candidates: torch.Tensor  # [N, width] bool, the real ones
     limits: torch.Tensor  # [N] fp32, each request's step limit (`step_limit`)
-    groups: list[torch.Tensor]  # [n_rule] long each: the requests of each decoding rule, first seen first
+    rules: list[str]  # the requests' decoding rules, first seen first
+    groups: list[torch.Tensor]  # [n_rule] long each, the requests of each rule (empty for one rule: all)
     order: torch.Tensor | None  # [N] long, the groups' concatenation back to request order (several rules)
 
 
@@ -141,10 +142,13 @@ def decision_inputs(requests: list[LogitsRequest], rows: list[int], block_length
     candidates = torch.tensor([[True] * len(slots) + [False] * (width - len(slots)) for slots in local])
     limits = torch.tensor([step_limit(r.params, r.plan, len(r.masked)) for r in requests], dtype=torch.float32)
     rules = list(dict.fromkeys(r.params.decoder for r in requests))
-    groups = [[i for i, r in enumerate(requests) if r.params.decoder == rule] for rule in rules]
-    order = torch.tensor([i for g in groups for i in g]).argsort() if len(groups) > 1 else None
+    groups, order = [], None
+    if len(rules) > 1:
+        members = [[i for i, r in enumerate(requests) if r.params.decoder == rule] for rule in rules]
+        groups = [torch.tensor(g).to(device) for g in members]
+        order = torch.tensor([i for g in members for i in g]).argsort().to(device)
     return DecisionInputs(torch.tensor(rows).to(device), index.to(device), candidates.to(device), limits.to(device),
-                          [torch.tensor(g).to(device) for g in groups], None if order is None else order.to(device))
+                          rules, groups, order)
 
 
 def decide_together(requests: list[LogitsRequest], block_logits: torch.Tensor, rows: list[int],
@@ -161,7 +165,8 @@ def decide_together(requests: list[LogitsRequest], block_logits: torch.Tensor, r
     None). Each DecidedStep is what `choose_commits` gives the request alone.
     """
     block_length = block_logits.shape[1]
-    inputs = inputs or decision_inputs(requests, rows, block_length, block_logits.device)
+    if inputs is None:
+        inputs = decision_inputs(requests, rows, block_length, block_logits.device)
     index, candidates = inputs.index, inputs.candidates
     logits = block_logits[inputs.rows[:, None], index]  # [N, width, V]
     if shifted and any(r.masked[0] == r.block * block_length for r in requests):
@@ -169,10 +174,10 @@ def decide_together(requests: list[LogitsRequest], block_logits: torch.Tensor, r
                                for a, row in zip(anchors, rows, strict=True)])  # [N, V]
         logits = slot_logits_from_rows(logits, index, stacked, shifted)
     if inputs.order is None:
-        commit, tokens = choose_commits_together(logits, candidates, requests[0].params.decoder, inputs.limits)
+        commit, tokens = choose_commits_together(logits, candidates, inputs.rules[0], inputs.limits)
     else:  # questions of several rules in one batch: a decision per rule, put back in request order
         parts = [choose_commits_together(logits[g], candidates[g], rule, inputs.limits[g])
-                 for g, rule in zip(inputs.groups, dict.fromkeys(r.params.decoder for r in requests), strict=True)]
+                 for g, rule in zip(inputs.groups, inputs.rules, strict=True)]
         commit = torch.cat([c for c, _ in parts])[inputs.order]
         tokens = torch.cat([t for _, t in parts])[inputs.order]
     commit = torch.where(candidates, commit, commit[:, :1])

@@ -579,6 +579,9 @@ class StaticBatch:
     def __init__(self, runner: Runner, split_kv: bool | None = None) -> None:
         """`split_kv`: the rows attend through the split-KV padded-rows kernel (by default where it
         runs natively: CUDA; under Triton's interpreter it is the tests' choice, being slow)."""
+        if split_kv and not runner.split_kv_usable:
+            raise ValueError("the padded-rows kernel does not run here (it needs CUDA, or Triton's interpreter "
+                             "on the CPU, and a head size that is a power of two >= 32)")
         self.runner = runner
         self.split_kv = runner.split_kv_native if split_kv is None else split_kv
         self._step: _BatchedStep | None = None

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from engine import AnswerParams, SamplingParams
-from engine.attention.split_kv import kernel_usable
 from engine.decode.loop import (
     BlockDone,
     BlockRefreshed,
@@ -22,7 +21,6 @@ from engine.decode.loop import (
 from engine.decode.sampling import StepPlan
 from engine.decode.static import StaticBatch, StaticDecoder
 from engine.method.answer import AnswerResult, prepare_answer
-from engine.model.random_checkpoint import TinyShape, write_random_checkpoint
 from engine.scheduler import AnswerScheduler, FairTurns, QueueFull
 from tests.tiny_inputs import asked_together, doc_ids
 
@@ -56,10 +54,10 @@ def test_batched_step_logits_match_each_decoder_alone(engines, family):
         torch.testing.assert_close(logits, alone, atol=2e-5, rtol=1e-4)  # fp32 on the CPU
 
 
-def _drive_together(runner, loops, split_kv: bool | None = None) -> list:
+def _drive_together(runner, loops) -> list:
     """Steps the loops as the scheduler does: one `StaticBatch.step` for all still decoding, each
     question leaving once done; returns their outcomes and how many decisions were batched."""
-    batch, outcomes, decided = StaticBatch(runner, split_kv), [None] * len(loops), 0
+    batch, outcomes, decided = StaticBatch(runner), [None] * len(loops), 0
     requests = {i: next(loop) for i, loop in enumerate(loops)}
     while requests:
         order = list(requests)
@@ -76,38 +74,6 @@ def _drive_together(runner, loops, split_kv: bool | None = None) -> list:
                 del requests[i]
     batch.clear()
     return outcomes, decided
-
-
-@pytest.mark.skipif(not kernel_usable("cpu", 32), reason="needs Triton's interpreter (tests/conftest.py)")
-@pytest.mark.parametrize("family", ["dream", "llada"])
-def test_rows_attending_through_the_split_kv_kernel_step_as_each_question_alone(family, tmp_path, monkeypatch):
-    """The batched step with the padded-rows kernel (what runs on CUDA; here under Triton's
-    interpreter, so a model of head size 32): its logits are each decoder's alone, which attends
-    through SDPA, and greedy answers stepped together are each question's alone."""
-    from engine import Engine
-    from engine.decode import static
-
-    calls = []
-    kernel = static.padded_rows_attention
-    monkeypatch.setattr(static, "padded_rows_attention", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
-    write_random_checkpoint(tmp_path, family, TinyShape(hidden_size=128, intermediate_size=256), seed=5)
-    engine = Engine.from_pretrained(tmp_path, device="cpu")
-    runner = engine.runner
-    docs = _documents(engine, 3)
-    asks = [(doc, f"Which pier is number {i}?", _params(top_k=1 + i, gen_length=8, block_length=4))
-            for i, doc in enumerate(docs)]
-    prepared = [prepare_answer(runner, engine.tokenizer, [doc], q, p) for doc, q, p in asks]
-    requests = [next(decode_blocks(p.decoder, runner.cfg, p.sampling, p.generator, runner.device)) for p in prepared]
-    assert len({r.decoder.ctx.key_valid.shape[1] for r in requests}) == 3  # padded rows
-    for request, logits in zip(requests, StaticBatch(runner, split_kv=True).slot_logits(requests), strict=True):
-        torch.testing.assert_close(logits, request.decoder.slot_logits(request.block, request.answer, request.slots),
-                                   atol=2e-5, rtol=1e-4)  # fp32
-    prepared = [prepare_answer(runner, engine.tokenizer, [doc], q, p) for doc, q, p in asks]
-    outcomes, decided = _drive_together(runner, [decode_blocks(p.decoder, runner.cfg, p.sampling, p.generator,
-                                                               runner.device) for p in prepared], split_kv=True)
-    assert decided > 0 and len(calls) > runner.cfg.num_layers  # the kernel served the steps: every layer, each
-    for outcome, (doc, q, p) in zip(outcomes, asks, strict=True):
-        assert outcome.answer_ids == engine.answer(doc, q, p).answer_ids
 
 
 @pytest.mark.parametrize("family", ["dream", "llada"])
@@ -257,7 +223,7 @@ def test_a_failed_refresh_is_its_own_questions_error_and_a_full_row_is_let_go(en
     batch.clear()
 
     ctx = done.decoder.ctx
-    tight = _BatchedStep(runner, 1, ctx.key_valid.shape[1], 8, ctx.kv[0][0], split_kv=False)  # no room for a block
+    tight = _BatchedStep(runner, 1, ctx.key_valid.shape[1], 8, ctx.kv[0][0])  # no room for one more block
     row = tight.place([ctx])[0]
     tight([row], done.answer[None, :8], ctx.answer_start + torch.arange(8)[None])
     done.decoder.take_block(tight.block_kv(row), None)

@@ -141,60 +141,6 @@ def test_split_plan_sizes():
     assert make_split_plan(kv, 7, tail_split=16).num_tail_splits == 3  # 45 rows of capacity
 
 
-def _padded_rows(device, dtype, rows, hkv, tk, d, seed=0):
-    """Keys and values of `rows` rows and each row's valid keys, with holes (a chunk's padding), a
-    row padded past its context (its last keys are its active block) and a row of its block alone."""
-    g = torch.Generator().manual_seed(seed)
-    k, v = (torch.randn(rows, hkv, tk, d, generator=g).to(device, dtype) for _ in range(2))
-    valid = torch.rand(rows, tk, generator=g) > 0.3
-    valid[:, -5:] = True  # the active block
-    if rows > 1:
-        valid[1, tk // 2:-5] = False  # a shorter context: padding, then its block
-    if rows > 2:
-        valid[2, :-5] = False  # a row without a question: its block alone
-    return k, v, valid.to(device)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows,hkv,g,tq,tk,d", [
-    (1, 2, 3, 7, 45, 64),  # one row, a few keys
-    (3, 2, 3, 32, 301, 64),  # odd key count over several splits
-    (5, 1, 1, 5, 130, 128),  # a KV head per query head
-    (2, 4, 7, 9, 77, 128),  # Dream-7B's grouping
-])
-def test_padded_rows_attention_matches_reference(device, dtype, rows, hkv, g, tq, tk, d):
-    from engine.attention import full_mask, reference_attention
-    from engine.attention.split_kv import padded_rows_attention, rows_split
-
-    k, v, valid = _padded_rows(device, dtype, rows, hkv, tk, d)
-    # Queries as the model hands them over: [B, Tq, Hq, D] transposed (not contiguous).
-    q = torch.randn(rows, tq, hkv * g, d, generator=torch.Generator().manual_seed(1)).to(device, dtype).transpose(1, 2)
-    ref = reference_attention(q, k, v, full_mask(key_valid=valid), 0.1)[0]
-    m = g * tq
-    # One split, a split a tile, and the default cut.
-    for split in (rows_split(rows, hkv, m, tk, target_programs=1), rows_split(rows, hkv, m, tk, target_programs=10_000,
-                                                                          block_n=16, min_split_keys=16), None):
-        out = padded_rows_attention(q, k, v, valid, 0.1, split)
-        assert out.dtype == dtype and out.shape == ref.shape and out.is_contiguous()
-        torch.testing.assert_close(out.float(), ref.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
-    # The mask is read: the same keys, all valid, attend otherwise.
-    assert not torch.allclose(padded_rows_attention(q, k, v, torch.ones_like(valid), 0.1).float(), ref.float(),
-                              atol=1e-2)
-
-
-def test_rows_split_sizes():
-    from engine.attention.split_kv import rows_split
-
-    one = rows_split(8, 4, 224, 2121)  # Dream-7B, eight rows: 128 programs a split
-    assert (one.block_m, one.num_splits, one.split_len) == (64, 3, 1024)
-    alone = rows_split(1, 4, 224, 2121)  # one row: splits of at least 128 keys fill the GPU
-    assert (alone.num_splits, alone.split_len) == (17, 128)
-    assert rows_split(1, 4, 224, 2121, target_programs=1).num_splits == 1
-    assert rows_split(2, 2, 21, 45, target_programs=10_000, block_n=16, min_split_keys=16) == \
-        type(one)(split_len=16, num_splits=3, block_m=32, block_n=16)
-
-
 def _tiny(family: str, dtype, device, compile_layers: bool = False) -> Runner:
     """A tiny random model at work (eager layer halves unless `compile_layers`, which takes effect on CUDA)."""
     cfg = dataclasses.replace(KNOWN_CONFIGS[family], vocab_size=512, hidden_size=64, intermediate_size=128,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-KINDS = [("gemm", r"gemm|gemv|cutlass|sm90|matmul|splitK|nvjet"), ("split_kv", r"split_kv|_padded_rows|_merge_kernel"),
+KINDS = [("gemm", r"gemm|gemv|cutlass|sm90|matmul|splitK|nvjet"), ("split_kv", r"split_kv|_merge_kernel"),
          ("inductor", r"^triton_"), ("attention", r"flash|fmha|attention|efficient"),
          ("softmax/reduce", r"softmax|reduce|argmax|max_|topk|sort"), ("copy/index", r"copy|index|gather|scatter|cat")]
 

@@ -1,6 +1,4 @@
-"""Split-KV attention for decode steps: over chunk pages (one question), and over padded rows (a
-batch of questions' contiguous contexts, `padded_rows_attention`, at the end); GPU fast paths and
-their fp32 references.
+"""Split-KV attention for a decode step over chunk pages: the GPU fast path and its fp32 reference.
 
 The active block's queries attend to
 - the selected chunks' cached KV, read in place from the document's cache (`pages`, one chunk a
@@ -274,20 +272,13 @@ if triton is not None:
                 row = offs_n.to(tl.int64) * stride_tt
                 acc1, acc2, m_i, l_i = _attend_tile(qa, qb, KT + h * stride_th, VT + h * stride_th, row, offs_n < hi,
                                                     acc1, acc2, m_i, l_i, HALF, dot_ty, PRECISION)
-        _store_partial(OUT + s * stride_os + h * stride_oh, LSE + s * stride_ls + h * stride_lh, offs_m, m_ok,
-                       stride_om, acc1, acc2, m_i, l_i, HALF)
-
-    @triton.jit
-    def _store_partial(o_base, lse_base, offs_m, m_ok, stride_om, acc1, acc2, m_i, l_i, HALF: tl.constexpr):
-        """A split's normalised partial output (two halves of the head) and its log-sum-exp in log2
-        units (-inf where it saw no key: the merge's neutral element)."""
         empty = l_i == 0.0
         inv = tl.where(empty, 0.0, 1.0 / l_i)
-        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-        o_ptr = o_base + offs_m[:, None] * stride_om + tl.arange(0, HALF)[None, :]
+        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))  # log2 units
+        o_ptr = OUT + s * stride_os + h * stride_oh + offs_m[:, None] * stride_om + d
         tl.store(o_ptr, acc1 * inv[:, None], mask=m_ok[:, None])
         tl.store(o_ptr + HALF, acc2 * inv[:, None], mask=m_ok[:, None])
-        tl.store(lse_base + offs_m, lse, mask=m_ok)
+        tl.store(LSE + s * stride_ls + h * stride_lh + offs_m, lse, mask=m_ok)
 
     @triton.jit
     def _attend_tile(qa, qb, k_base, v_base, row, n_ok, acc1, acc2, m_i, l_i, HALF: tl.constexpr,
@@ -413,113 +404,3 @@ def kernel_usable(device: torch.device | str, head_dim: int) -> bool:
     """Natively, or under TRITON_INTERPRET=1 on the CPU (the tests); else callers use the reference."""
     on_interpreter = triton is not None and _interpreting() and torch.device(device).type == "cpu"
     return kernel_native(device, head_dim) or (on_interpreter and head_dim_supported(head_dim))
-
-
-# Split-KV attention of a batch of rows, each over its own keys through a key-padding mask: the
-# batched static decode step, where each row is one question's context (padded to the batch's
-# longest) and its active block. SDPA's memory-efficient kernel, the one that takes such a mask,
-# runs one program per (row, KV head, 64 queries): 16 programs at one row, 128 at eight, on a GPU of
-# 132 SMs; here each program also takes one split of the keys, so every row fills the GPU.
-
-
-@dataclass(frozen=True)
-class RowsSplit:
-    """How the key axis of a padded-rows attention is cut: `num_splits` splits of `split_len` keys."""
-
-    split_len: int  # a power of two, at least block_n
-    num_splits: int
-    block_m: int  # query rows per program (query heads per KV head x block tokens)
-    block_n: int  # keys per tile
-
-
-def rows_split(rows: int, kv_heads: int, rows_per_kv_head: int, keys: int, target_programs: int = 264,
-               block_n: int = 64, min_split_keys: int = 128) -> RowsSplit:
-    """Splits of at least `min_split_keys` keys, enough for about `target_programs` programs
-    (two waves on 132 SMs); a function of the shapes only, so a captured graph keeps its cut. The
-    split's length is a power of two: it is a compile-time constant of the kernel (Triton's
-    interpreter takes no runtime loop bound), and the batch's rows and context length change as
-    questions come and go; powers of two keep the compiled variants few."""
-    block_m = max(16, min(64, 1 << (rows_per_kv_head - 1).bit_length()))
-    units = rows * kv_heads * math.ceil(rows_per_kv_head / block_m)
-    most = max(1, math.ceil(keys / max(min_split_keys, block_n)))
-    splits = max(1, min(most, math.ceil(target_programs / units)))
-    split_len = max(block_n, 1 << (math.ceil(keys / splits) - 1).bit_length())
-    return RowsSplit(split_len, math.ceil(keys / split_len), block_m, block_n)
-
-
-if triton is not None:
-
-    @triton.jit
-    def _padded_rows_kernel(
-        Q, K, V, VALID, OUT, LSE,
-        stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb,
-        stride_os, stride_oh, stride_om, stride_ls, stride_lh,
-        Hkv, Tk, Tq, M, G, qk_scale,
-        SPLIT: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
-    ):
-        s = tl.program_id(0)  # split of the key axis
-        bh = tl.program_id(1)  # row b, KV head h: b * Hkv + h (the merge's "head")
-        b = (bh // Hkv).to(tl.int64)
-        h = bh % Hkv
-        offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-        m_ok = offs_m < M
-        # Row m of KV head h is query head h*G + m // Tq, position m % Tq (head-major GQA).
-        q_ptr = Q + b * stride_qb + (h * G + offs_m // Tq)[:, None] * stride_qh + (offs_m % Tq)[:, None] * stride_qt
-        d = tl.arange(0, HALF)[None, :]
-        dot_ty = tl.float32 if DOT_FP32 else K.dtype.element_ty  # (see _split_kv_kernel)
-        qa = (tl.load(q_ptr + d, mask=m_ok[:, None], other=0.0).to(tl.float32) * qk_scale).to(dot_ty)
-        qb = (tl.load(q_ptr + HALF + d, mask=m_ok[:, None], other=0.0).to(tl.float32) * qk_scale).to(dot_ty)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc1 = tl.zeros([BLOCK_M, HALF], tl.float32)
-        acc2 = tl.zeros([BLOCK_M, HALF], tl.float32)
-        k_base = K + b * stride_kb + h * stride_kh
-        v_base = V + b * stride_kb + h * stride_kh  # V shares K's strides
-        for n0 in range(0, SPLIT, BLOCK_N):
-            offs_n = s * SPLIT + n0 + tl.arange(0, BLOCK_N)
-            n_ok = tl.load(VALID + b * stride_vb + offs_n, mask=offs_n < Tk, other=0) != 0
-            row = offs_n.to(tl.int64) * stride_kt
-            acc1, acc2, m_i, l_i = _attend_tile(qa, qb, k_base, v_base, row, n_ok, acc1, acc2, m_i, l_i,
-                                                HALF, dot_ty, PRECISION)
-        _store_partial(OUT + s * stride_os + bh * stride_oh, LSE + s * stride_ls + bh * stride_lh, offs_m, m_ok,
-                       stride_om, acc1, acc2, m_i, l_i, HALF)
-
-
-def padded_rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor, scale: float,
-                          split: RowsSplit | None = None) -> torch.Tensor:
-    """Triton split-KV attention of each row over its valid keys; the contract of
-    `reference_attention(q, k, v, full_mask(key_valid=key_valid), scale)`: q [B, Hq, Tq, D] (any
-    strides, the last dim contiguous), k and v [B, Hkv, Tk, D] of one layout, key_valid [B, Tk] bool;
-    returns [B, Hq, Tq, D] contiguous, in q's dtype (a row with no valid key: zeros). Two launches
-    (the splits, then `_merge_kernel`'s log-sum-exp merge), no host synchronisation."""
-    if triton is None:
-        raise RuntimeError("padded-rows attention needs the triton package")
-    if not q.is_cuda and not _interpreting():
-        raise ValueError("padded_rows_attention needs CUDA tensors, or Triton's interpreter for CPU ones")
-    bsz, hq, tq, d = q.shape
-    hkv, tk = k.shape[1], k.shape[2]
-    assert k.shape == v.shape and k.stride() == v.stride(), "k and v must share shape and strides"
-    assert q.stride(-1) == 1 and k.stride(-1) == 1, "last dim contiguous"
-    assert key_valid.shape == (bsz, tk) and key_valid.dtype == torch.bool
-    assert head_dim_supported(d), "head_dim must be a power of two >= 32"
-    g = hq // hkv
-    m = g * tq
-    split = split or rows_split(bsz, hkv, m, tk)
-    work = torch.empty(split.num_splits, bsz * hkv, m, d, dtype=torch.float32, device=q.device)
-    lse = torch.empty(split.num_splits, bsz * hkv, m, dtype=torch.float32, device=q.device)
-    valid = key_valid.view(torch.uint8)
-    _padded_rows_kernel[(split.num_splits, bsz * hkv, triton.cdiv(m, split.block_m))](
-        q, k, v, valid, work, lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        valid.stride(0), work.stride(0), work.stride(1), work.stride(2), lse.stride(0), lse.stride(1),
-        hkv, tk, tq, m, g, scale * math.log2(math.e),
-        SPLIT=split.split_len, HALF=d // 2, BLOCK_M=split.block_m, BLOCK_N=split.block_n,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        DOT_FP32=q.dtype == torch.float32 or _interpreting(), num_warps=4, num_stages=2)
-    out = torch.empty(bsz, hq, tq, d, dtype=q.dtype, device=q.device)
-    flat = out.view(bsz * hq, tq, d)  # row b's query head j is "head" b * Hq + j, as the merge indexes it
-    _merge_kernel[(bsz * hkv, triton.cdiv(m, MERGE_BLOCK_M))](
-        work, lse, flat, lse, m, tq, g, work.stride(0), work.stride(1), work.stride(2), lse.stride(0),
-        lse.stride(1), flat.stride(0), flat.stride(1), 0, S=split.num_splits, D=d, BLOCK_M=MERGE_BLOCK_M,
-        HAS_LSE_OUT=False, num_warps=4)
-    return out

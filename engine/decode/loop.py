@@ -115,45 +115,8 @@ class DecidedStep:
     tokens: list[int]
 
 
-@dataclass(frozen=True)
-class DecisionInputs:
-    """What `decide_together` reads besides the logits, on the device: made from the requests
-    alone, so a driver makes it before its forward (`decision_inputs`). Made after, each of its
-    host-to-device copies would wait for the forward to finish, and the GPU would then idle while
-    the host made the rest and launched the decision."""
-
-    rows: torch.Tensor  # [N] long, each request's row of the block logits
-    index: torch.Tensor  # [N, width] long, block slots of each request's masked ones (padded with its first)
-    candidates: torch.Tensor  # [N, width] bool, the real ones
-    limits: torch.Tensor  # [N] fp32, each request's step limit (`step_limit`)
-    rules: list[str]  # the requests' decoding rules, first seen first
-    groups: list[torch.Tensor]  # [n_rule] long each, the requests of each rule (empty for one rule: all)
-    order: torch.Tensor | None  # [N] long, the groups' concatenation back to request order (several rules)
-
-
-def decision_inputs(requests: list[LogitsRequest], rows: list[int], block_length: int,
-                    device: torch.device) -> DecisionInputs:
-    """`decide_together`'s inputs for `requests` (of one block length) in block-logit `rows`."""
-    width = max(len(r.masked) for r in requests)
-    # [N, width] block slots of each request's masked ones, a row padded with its first masked slot
-    # (a pad is not a candidate, and is given that slot's decision below, so it writes the same).
-    local = [[p - r.block * block_length for p in r.masked] for r in requests]
-    index = torch.tensor([slots + slots[:1] * (width - len(slots)) for slots in local])
-    candidates = torch.tensor([[True] * len(slots) + [False] * (width - len(slots)) for slots in local])
-    limits = torch.tensor([step_limit(r.params, r.plan, len(r.masked)) for r in requests], dtype=torch.float32)
-    rules = list(dict.fromkeys(r.params.decoder for r in requests))
-    groups, order = [], None
-    if len(rules) > 1:
-        members = [[i for i, r in enumerate(requests) if r.params.decoder == rule] for rule in rules]
-        groups = [torch.tensor(g).to(device) for g in members]
-        order = torch.tensor([i for g in members for i in g]).argsort().to(device)
-    return DecisionInputs(torch.tensor(rows).to(device), index.to(device), candidates.to(device), limits.to(device),
-                          rules, groups, order)
-
-
 def decide_together(requests: list[LogitsRequest], block_logits: torch.Tensor, rows: list[int],
-                    anchors: list[torch.Tensor | None], shifted: bool,
-                    inputs: DecisionInputs | None = None) -> list[DecidedStep]:
+                    anchors: list[torch.Tensor | None], shifted: bool) -> list[DecidedStep]:
     """The steps of several questions decided at once from a batched block forward: one batched
     decision per rule over the masked slots, the answers written in one batched copy, one
     synchronisation for all (alone, each question costs a dozen small launches and a
@@ -161,25 +124,33 @@ def decide_together(requests: list[LogitsRequest], block_logits: torch.Tensor, r
 
     requests: all `decided_together`, of one block length S; block_logits: [R, S, V], row `rows[n]`'s
     slot j predicting slot j of request n's block (for a shifted model slot 0 takes `anchors[n]`,
-    [V], as in `slot_logits_from_rows`); `inputs`: `decision_inputs` of the same (made here if
-    None). Each DecidedStep is what `choose_commits` gives the request alone.
+    [V], as in `slot_logits_from_rows`). Each DecidedStep is what `choose_commits` gives the request
+    alone.
     """
-    block_length = block_logits.shape[1]
-    if inputs is None:
-        inputs = decision_inputs(requests, rows, block_length, block_logits.device)
-    index, candidates = inputs.index, inputs.candidates
-    logits = block_logits[inputs.rows[:, None], index]  # [N, width, V]
+    device, block_length = block_logits.device, block_logits.shape[1]
+    width = max(len(r.masked) for r in requests)
+    # [N, width] block slots of each request's masked ones, a row padded with its first masked slot
+    # (a pad is not a candidate, and is given that slot's decision below, so it writes the same).
+    local = [[p - r.block * block_length for p in r.masked] for r in requests]
+    index = torch.tensor([slots + slots[:1] * (width - len(slots)) for slots in local], device=device)
+    candidates = torch.tensor([[True] * len(slots) + [False] * (width - len(slots)) for slots in local],
+                              device=device)
+    logits = block_logits[torch.tensor(rows, device=device)[:, None], index]  # [N, width, V]
     if shifted and any(r.masked[0] == r.block * block_length for r in requests):
         stacked = torch.stack([a if a is not None else block_logits[row, 0]  # no anchor: the row's own
                                for a, row in zip(anchors, rows, strict=True)])  # [N, V]
         logits = slot_logits_from_rows(logits, index, stacked, shifted)
-    if inputs.order is None:
-        commit, tokens = choose_commits_together(logits, candidates, inputs.rules[0], inputs.limits)
+    limits = torch.tensor([step_limit(r.params, r.plan, len(r.masked)) for r in requests], dtype=torch.float32)
+    rules = list(dict.fromkeys(r.params.decoder for r in requests))
+    if len(rules) == 1:
+        commit, tokens = choose_commits_together(logits, candidates, rules[0], limits.to(device))
     else:  # questions of several rules in one batch: a decision per rule, put back in request order
-        parts = [choose_commits_together(logits[g], candidates[g], rule, inputs.limits[g])
-                 for g, rule in zip(inputs.groups, inputs.rules, strict=True)]
-        commit = torch.cat([c for c, _ in parts])[inputs.order]
-        tokens = torch.cat([t for _, t in parts])[inputs.order]
+        groups = [[i for i, r in enumerate(requests) if r.params.decoder == rule] for rule in rules]
+        parts = [choose_commits_together(logits[g], candidates[g], rule, limits[g].to(device))
+                 for rule, g in zip(rules, groups, strict=True)]
+        order = torch.tensor([i for g in groups for i in g], device=device).argsort()
+        commit = torch.cat([c for c, _ in parts])[order]
+        tokens = torch.cat([t for _, t in parts])[order]
     commit = torch.where(candidates, commit, commit[:, :1])
     blocks = [r.answer[r.block * block_length:(r.block + 1) * block_length] for r in requests]  # views
     current = torch.stack(blocks)  # [N, S]

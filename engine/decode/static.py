@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import attention_probs, full_mask
-from engine.attention.split_kv import padded_rows_attention
 from engine.cuda_graphs import ANSWER_GRAPHS, GraphedCall, kept_pool
 from engine.decode.loop import (
     BlockDone,
@@ -26,7 +25,6 @@ from engine.decode.loop import (
     LogitsRequest,
     block_logits,
     decide_together,
-    decision_inputs,
     slot_logits_from_rows,
 )
 from engine.decode.sampling import prediction_rows
@@ -405,24 +403,16 @@ def batch_rows(n: int) -> int:
 class _BatchedLayerCache:
     """One layer of a batch's static contexts, attending by itself (an AttendingCache): keys and
     values [N, Hkv, T + block, D], row i its question's context padded to T, then its active block,
-    which each forward writes in place (no concatenation per step).
+    which each forward writes in place (no concatenation per step)."""
 
-    With `split_kv` the rows attend through `padded_rows_attention`, which splits each row's keys
-    over the GPU; else through the runner's backend with the key-padding mask (the reference the
-    kernel is tested against)."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, runner: Runner,
-                 split_kv: bool) -> None:
-        self.keys, self.values, self.runner, self.valid = keys, values, runner, valid  # valid: [N, T + block] bool
-        self.mask = full_mask(key_valid=valid)  # shared by the layers
-        self.split_kv = split_kv
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, runner: Runner) -> None:
+        self.keys, self.values, self.runner = keys, values, runner
+        self.mask = full_mask(key_valid=valid)  # valid: [N, T + block] bool, shared by the layers
 
     def attend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, scale: float) -> torch.Tensor:
         block = k_new.shape[2]
         self.keys[:, :, -block:] = k_new
         self.values[:, :, -block:] = v_new
-        if self.split_kv:
-            return padded_rows_attention(q, self.keys, self.values, self.valid, scale)
         out, _ = self.runner.attention(q, self.keys, self.values, self.mask, scale, return_lse=False)
         return out
 
@@ -433,8 +423,8 @@ class _RowsForward:
 
     def __init__(self, step: _BatchedStep, rows: int) -> None:
         self.runner = step.runner
-        self.layers = [_BatchedLayerCache(c.keys[:rows], c.values[:rows], step.valid[:rows], step.runner,
-                                          step.split_kv) for c in step.layers]
+        self.layers = [_BatchedLayerCache(c.keys[:rows], c.values[:rows], step.valid[:rows], step.runner)
+                       for c in step.layers]
         self.ids, self.positions, self.logit_rows = step.ids[:rows], step.positions[:rows], step.logit_rows
         self.call = GraphedCall(self._run, self.runner.uses_graphs, f"batched decode step ({rows} rows)",
                                 kept_pool(self.runner, ANSWER_GRAPHS))
@@ -458,16 +448,15 @@ class _BatchedStep:
     """
 
     def __init__(self, runner: Runner, capacity: int, context_len: int, block_length: int,
-                 like: torch.Tensor, split_kv: bool) -> None:
+                 like: torch.Tensor) -> None:
         if capacity != batch_rows(capacity):
             raise ValueError(f"a batched step's capacity is a power of two, got {capacity}")
         cfg, device = runner.cfg, runner.device
         self.runner, self.capacity, self.context_len, self.block_length = runner, capacity, context_len, block_length
-        self.split_kv = split_kv  # the rows attend through the padded-rows kernel (_BatchedLayerCache)
         shape = (capacity, cfg.num_kv_heads, context_len + block_length, cfg.head_dim)
         self.valid = torch.zeros(capacity, context_len + block_length, dtype=torch.bool, device=device)
         self.valid[:, context_len:] = True
-        self.layers = [_BatchedLayerCache(like.new_zeros(shape), like.new_zeros(shape), self.valid, runner, split_kv)
+        self.layers = [_BatchedLayerCache(like.new_zeros(shape), like.new_zeros(shape), self.valid, runner)
                        for _ in range(cfg.num_layers)]
         self.ids = torch.full((capacity, block_length), cfg.mask_token_id, dtype=torch.long, device=device)
         self.positions = torch.zeros(capacity, block_length, dtype=torch.long, device=device)
@@ -576,14 +565,8 @@ class StaticBatch:
     question's context is copied once when it joins.
     """
 
-    def __init__(self, runner: Runner, split_kv: bool | None = None) -> None:
-        """`split_kv`: the rows attend through the split-KV padded-rows kernel (by default where it
-        runs natively: CUDA; under Triton's interpreter it is the tests' choice, being slow)."""
-        if split_kv and not runner.split_kv_usable:
-            raise ValueError("the padded-rows kernel does not run here (it needs CUDA, or Triton's interpreter "
-                             "on the CPU, and a head size that is a power of two >= 32)")
+    def __init__(self, runner: Runner) -> None:
         self.runner = runner
-        self.split_kv = runner.split_kv_native if split_kv is None else split_kv
         self._step: _BatchedStep | None = None
 
     def clear(self) -> None:
@@ -617,9 +600,9 @@ class StaticBatch:
         kept = self.runner.kept_items("batched static step").get(block)
         capacity = max(rows, kept.capacity if kept is not None else 1)
         step = self.runner.kept("batched static step", block, MAX_BATCH_STEPS,
-                                lambda: _BatchedStep(self.runner, capacity, length, block, like, self.split_kv),
+                                lambda: _BatchedStep(self.runner, capacity, length, block, like),
                                 fits=lambda s: s.capacity >= rows and s.context_len >= need
-                                and s.layers[0].keys.dtype == like.dtype and s.split_kv == self.split_kv)
+                                and s.layers[0].keys.dtype == like.dtype)
         if step is not self._step:
             self.clear()
             self._step = step
@@ -639,22 +622,17 @@ class StaticBatch:
         (`_refresh`; an error there is that request's reply alone); where `decide`, the steps of the
         LogitsRequests `decided_together` decided and written at once (`decide_together`); logits
         for the others."""
+        logits, rows = self._forward(requests)  # [rows, S (+1), V]
         shifted, block_length = self.runner.cfg.logits_shifted, requests[0].decoder.block_length
-        rows = self._place(requests)
-        together = [i for i, r in enumerate(requests) if decide and isinstance(r, LogitsRequest) and r.decided_together]
-        # The decisions' inputs go to the device before the forward is launched: made after, their
-        # copies would wait for it, then the GPU for the host.
-        inputs = decision_inputs([requests[i] for i in together], [rows[i] for i in together], block_length,
-                                 self.runner.device) if together else None
-        logits = self._launch(requests, rows)  # [rows, S (+1), V]
         out: dict[int, DecidedStep | BlockRefreshed | BaseException] = {}
         for i, (r, row) in enumerate(zip(requests, rows, strict=True)):
             if isinstance(r, BlockDone):
                 out[i] = self._refresh(r, row, logits[row, block_length] if shifted else None)
+        together = [i for i, r in enumerate(requests) if decide and isinstance(r, LogitsRequest) and r.decided_together]
         if together:
             decided = decide_together([requests[i] for i in together], logits[:, :block_length],
                                       [rows[i] for i in together],
-                                      [requests[i].decoder.ctx.anchor_logits for i in together], shifted, inputs)
+                                      [requests[i].decoder.ctx.anchor_logits for i in together], shifted)
             out.update(zip(together, decided, strict=True))
         return [out[i] if i in out else slot_logits_from_rows(
                     logits[row, r.slots - r.block * block_length], r.slots - r.block * block_length,
@@ -674,27 +652,25 @@ class StaticBatch:
             step.let_go(row)
             return exc
 
-    def _place(self, requests: list) -> list[int]:
-        """Each request's row in the batched step its requests (LogitsRequests and BlockDones of
-        one block length) take, their contexts copied in where new."""
+    def _forward(self, requests: list) -> tuple[torch.Tensor, list[int]]:
+        """The batched block forward of the requests (LogitsRequests and BlockDones): logits
+        [rows, block (+1 for a shifted model), V] (overwritten by the next forward) and each
+        request's row."""
         decoders: list[StaticDecoder] = [r.decoder for r in requests]
-        if any(d.block_length != decoders[0].block_length for d in decoders):
+        block_length = decoders[0].block_length
+        if any(d.block_length != block_length for d in decoders):
             raise ValueError("a batch steps one block length")
         step = self._step_for(requests)
         try:
-            return step.place([d.ctx for d in decoders])
+            rows = step.place([d.ctx for d in decoders])
         except BaseException:
             self.clear()  # a half-copied row must not pass for its context
             raise
-
-    def _launch(self, requests: list, rows: list[int]) -> torch.Tensor:
-        """The batched block forward of the placed requests: logits [rows, block (+1 for a shifted
-        model), V], overwritten by the next forward."""
-        block_length = requests[0].decoder.block_length
         ids = torch.stack([r.answer[r.block * block_length:(r.block + 1) * block_length] for r in requests])
-        starts = torch.tensor([r.decoder.ctx.answer_start + r.block * block_length for r in requests])
+        starts = torch.tensor([d.ctx.answer_start + r.block * block_length for r, d in zip(requests, decoders,
+                                                                                          strict=True)])
         positions = (starts[:, None] + torch.arange(block_length)).to(self.runner.device)  # [N, block]
-        logits = self._step(rows, ids, positions)
-        for r in requests:
-            r.decoder.forward_passes += 1
-        return logits
+        logits = step(rows, ids, positions)
+        for d in decoders:
+            d.forward_passes += 1
+        return logits, rows

@@ -49,6 +49,8 @@ from tools.bench import BENCH_SCORING, SHAPES, matmul_flops_per_token, random_qu
 from tools.kernel_profile import kernel_summary
 
 SECTIONS = ("prefill", "scoring", "decode", "kv_build", "first")
+
+
 def _seconds(fn, sync, reps: int) -> float:
     sync()
     t = time.perf_counter()

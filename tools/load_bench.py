@@ -174,11 +174,15 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
                     f"{' on the host' if documents_on == 'host' else ''})" if phase.peak_gib else ""))
 
     try:
-        # Warm-up, untimed: compilation, CUDA graphs, the allocator's growth to a full batch; a
-        # question alone too (it may take another layout, compiled and captured on its own).
-        _threads([lambda i=i: list(scheduler.submit(documents(i), prompts[i], params)) for i in range(concurrency)])
-        _threads([lambda i=i: list(scheduler.submit(documents(i), prompts[i], params)) for i in range(concurrency)])
-        list(scheduler.submit(documents(0), prompts[0], params))
+        # Warm-up, untimed: compilation, the allocator's growth to a full batch, and the CUDA graphs
+        # of every batch size a phase can meet. The passes pad their rows to a power of two, and a
+        # burst's questions may be prepared in two groups, so each power of two up to N is asked
+        # together twice (a scoring pass is captured the second time it is seen): a capture inside
+        # a timed phase moved "N at once" by half a question's time. One question alone is the
+        # first size (it may take another layout, compiled and captured on its own).
+        for n in sorted({1 << k for k in range(concurrency.bit_length())} | {concurrency}):
+            for _ in range(2):
+                _threads([lambda i=i: list(scheduler.submit(documents(i), prompts[i], params)) for i in range(n)])
         single = _Phase(scheduler, "single")
         for i in range(min(concurrency, 4)):
             single.ask(documents(i), prompts[i], params)

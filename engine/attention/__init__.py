@@ -25,7 +25,7 @@ from engine.attention.masks import (
     segment_mask,
 )
 from engine.attention.merge import merge_attention_states, merge_many
-from engine.attention.reference import attention_probs, bos_probs, reference_attention
+from engine.attention.reference import attention_probs, reference_attention
 from engine.attention.sdpa import sdpa_attention
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, needs_lse: bo
 
 
 __all__ = [
-    "AttentionBackend", "BACKENDS", "MaskSpec", "attention_probs", "bos_probs", "causal_mask", "dense_mask",
+    "AttentionBackend", "BACKENDS", "MaskSpec", "attention_probs", "causal_mask", "dense_mask",
     "full_mask", "materialize", "merge_attention_states", "merge_many", "reference_attention",
     "sdpa_attention", "segment_mask", "select_backend",
 ]

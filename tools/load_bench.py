@@ -177,7 +177,7 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
         # Warm-up, untimed: compilation, the allocator's growth to a full batch, and the CUDA graphs
         # of every batch size a phase can meet. The passes pad their rows to a power of two, and a
         # burst's questions may be prepared in two groups, so each power of two up to N is asked
-        # together twice (a scoring pass is captured the second time it is seen): a capture inside
+        # together twice (some passes are captured only when seen a second time): a capture inside
         # a timed phase moved "N at once" by half a question's time. One question alone is the
         # first size (it may take another layout, compiled and captured on its own).
         for n in sorted({1 << k for k in range(concurrency.bit_length())} | {concurrency}):

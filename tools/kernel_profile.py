@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
-KINDS = [("gemm", r"gemm|gemv|cutlass|sm90|matmul|splitK|nvjet"), ("split_kv", r"split_kv|_merge_kernel"),
-         ("inductor", r"^triton_"), ("attention", r"flash|fmha|attention|efficient"),
+# First match wins: attention before gemm, since cuDNN's attention kernels carry "sm90" in their names.
+KINDS = [("attention", r"flash|fmha|attention|efficient|sdpa"), ("gemm", r"gemm|gemv|cutlass|sm90|matmul|splitK|nvjet"),
+         ("split_kv", r"split_kv|_merge_kernel"), ("inductor", r"^triton_"),
          ("softmax/reduce", r"softmax|reduce|argmax|max_|topk|sort"), ("copy/index", r"copy|index|gather|scatter|cat")]
 
 

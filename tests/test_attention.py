@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from engine.attention import (
     BACKENDS,
+    attention_probs,
+    bos_probs,
     causal_mask,
     dense_mask,
     full_mask,
@@ -18,7 +22,8 @@ from engine.attention import (
     select_backend,
 )
 
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1.5e-2, rtol=1e-2)}
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1.5e-2, rtol=1e-2),
+       torch.float16: dict(atol=2e-3, rtol=2e-3)}
 
 
 def _qkv(b, hq, hkv, tq, tk, d, dtype, seed=0):
@@ -74,6 +79,67 @@ def test_sdpa_masked_gqa_matches_reference(dtype, mask_shape):
     ref, _ = reference_attention(q.float(), k.float(), v.float(), mask, d ** -0.5)
     out, _ = BACKENDS["sdpa"](q, k, v, mask, d ** -0.5)
     torch.testing.assert_close(out.float(), ref, **TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 4, 4, 37, 37, 16), (2, 8, 2, 5, 129, 32), (3, 28, 4, 33, 2091, 128)])
+@pytest.mark.parametrize("mask_kind", ["full", "causal", "segments", "dense", "padded"])
+def test_sdpa_native_lse_on_cuda_matches_reference(dtype, shape, mask_kind):
+    """On CUDA the log-sum-exp comes from the memory-efficient kernel (its additive bias padded to
+    an aligned row stride, queries grouped per KV head): output and lse equal the fp32 reference
+    at odd sizes, Dream-7B's heads included."""
+    b, hq, hkv, tq, tk, d = shape
+    q, k, v = (t.cuda() for t in _qkv(b, hq, hkv, tq, tk, d, dtype))
+    mask = _masks(b, tq, tk)[mask_kind]
+    fields = ("q_segments", "k_segments", "dense", "key_valid")
+    mask = dataclasses.replace(mask, **{f: getattr(mask, f).cuda() for f in fields if getattr(mask, f) is not None})
+    ref, ref_lse = reference_attention(q.float(), k.float(), v.float(), mask, d ** -0.5, True)
+    out, lse = BACKENDS["sdpa"](q, k, v, mask, d ** -0.5, return_lse=True)
+    assert out.dtype == dtype and lse.dtype == torch.float32 and lse.shape == (b, hq, tq)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else TOL[dtype]  # a GPU's fp32 sums in another order
+    torch.testing.assert_close(out.float(), ref, **tol)
+    torch.testing.assert_close(lse, ref_lse, **tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mask_shape", ["per-head", "per-key-per-head", "one-query-row", "batch-one", "none"])
+def test_sdpa_native_lse_on_cuda_takes_the_kernel_with_any_mask(dtype, mask_shape, monkeypatch):
+    """Masks that differ by query head, by query, by neither, or are shared by the batch (batch 1
+    over b = 3) reach the memory-efficient kernel's grouped rows right; the kernel's path is the
+    one taken (counted), and a full mask passes no bias."""
+    from engine.attention import sdpa
+
+    calls = []
+    kernel = sdpa._efficient_attention_with_lse
+    monkeypatch.setattr(sdpa, "_efficient_attention_with_lse", lambda *a: calls.append(a[3]) or kernel(*a))
+    b, hq, hkv, tq, tk, d = 3, 6, 2, 5, 23, 16
+    q, k, v = (t.cuda() for t in _qkv(b, hq, hkv, tq, tk, d, dtype, seed=3))
+    g = torch.Generator().manual_seed(4)
+    shape = {"per-head": (b, hq, tq, tk), "per-key-per-head": (b, hq, 1, tk), "one-query-row": (b, 1, 1, tk),
+             "batch-one": (1, 1, tq, tk), "none": None}[mask_shape]
+    if shape is None:
+        mask = full_mask()
+    else:
+        dense = torch.rand(shape, generator=g) > 0.5
+        dense[..., 0] = True
+        mask = dense_mask(dense.cuda())
+    ref, ref_lse = reference_attention(q.float(), k.float(), v.float(), mask, d ** -0.5, True)
+    out, lse = BACKENDS["sdpa"](q, k, v, mask, d ** -0.5, return_lse=True)
+    assert len(calls) == 1 and (calls[0] is None) == (mask_shape == "none")
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else TOL[dtype]
+    torch.testing.assert_close(out.float(), ref, **tol)
+    torch.testing.assert_close(lse, ref_lse, **tol)
+
+
+def test_bos_probs_equal_the_softmax_columns():
+    """Probabilities on a few keys from the lse equal those columns of the full softmax (GQA order)."""
+    q, k, v = _qkv(2, 6, 2, 5, 19, 8, torch.float32, seed=6)
+    _, lse = reference_attention(q, k, v, full_mask(), 0.3, True)
+    keys = torch.tensor([0, 7, 18])
+    want = attention_probs(q, k, full_mask(), 0.3)[..., keys]
+    torch.testing.assert_close(bos_probs(q, k[:, :, keys], lse, 0.3), want, atol=1e-6, rtol=1e-5)
 
 
 def test_reference_matches_explicit_softmax_and_gqa_order():

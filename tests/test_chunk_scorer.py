@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -9,12 +11,10 @@ from engine import ScoringParams
 from engine.attention import BACKENDS, causal_mask, full_mask
 from engine.method.chunk_scorer import (
     MAX_DRAFT_PASSES,
-    MAX_SCORING_PASSES,
     ScoringJob,
     draft_pseudo_labels,
     draft_rows,
     kept_draft_pass,
-    kept_scoring_passes,
     score_document,
     score_documents_together,
     scoring_layout,
@@ -221,50 +221,60 @@ def test_the_runner_keeps_one_draft_pass_per_padded_prompt_length(engines):
     assert len(runner.kept_items("draft")) == MAX_DRAFT_PASSES  # the least recently used are dropped
 
 
-def test_kept_scoring_passes_follow_the_document_kv(engines):
-    """A scoring pass is reused for the same document KV, chunk range and layout; it holds the KV
-    weakly, so a dropped document is neither kept alive nor scored with a stale pass; a document
-    needing more passes than are kept gets fresh ones."""
-    import gc
-    import weakref
-
-    runner, shape = Runner(engines["llada"].model, ATTN), (32, 8, 4)
-    kept = runner.kept_items("scoring")
-    doc = prefill_document(runner, doc_ids(70, 60), chunk_size=16)
-    first = kept_scoring_passes(runner, doc, [(0, 3), (3, 5)], shape)
-    again = kept_scoring_passes(runner, doc, [(0, 3), (3, 5)], shape)
-    assert again[0] is first[0] and again[1] is first[1] and len(kept) == 2
-    keys = weakref.ref(doc.keys)
-    del doc, first, again
-    gc.collect()
-    assert keys() is None  # the kept passes did not keep the KV alive
-    other = prefill_document(runner, doc_ids(70, 60, seed=1), chunk_size=16)
-    kept_scoring_passes(runner, other, [(0, 3)], shape)
-    assert [p.keys_ref() is other.keys for p in kept.values()] == [True]  # stale passes dropped
-    too_many = [(i % 5, i % 5 + 1) for i in range(MAX_SCORING_PASSES + 1)]
-    fresh = kept_scoring_passes(runner, other, too_many, shape)
-    assert len(fresh) == len(too_many) and len(kept) == 1  # not kept: they would evict each other
-
-
-def test_scoring_passes_are_captured_once_their_kv_is_scored_again(engines, monkeypatch):
-    """Where graphs are used, a document's passes are eager the first time and captured the second
-    (then kept); a prefiltered cut, a new tensor every question, is never captured."""
+@pytest.mark.parametrize("family", ["dream", "llada"])
+def test_staged_scoring_passes_serve_any_document(engines, family, monkeypatch):
+    """Where graphs are used, a document's chunks are copied into the runner's staging buffers and
+    scored by passes kept by chunk count and layout shape, not by document: two documents and a
+    prefiltered cut (a new tensor, as the app's) score as the eager passes over their own KV do,
+    a short pass's spare items and a byte cap on the staging included; the passes are reused."""
+    from engine.cuda_graphs import GraphedCall
     from engine.method import chunk_scorer
     from engine.method.kv_cache import take_chunks
 
     monkeypatch.setattr(Runner, "uses_graphs", property(lambda self: True))
     monkeypatch.setattr(chunk_scorer, "kept_pool", lambda runner, kind: None)
-    runner, shape = Runner(engines["llada"].model, ATTN), (32, 8, 4)
+    # The passes run eagerly on the CPU: what is tested is the staging, not the capture (test_gpu.py).
+    monkeypatch.setattr(chunk_scorer, "GraphedCall", lambda fn, use_graph, what, pool: GraphedCall(fn, False, what))
+    engine = engines[family]
+    runner, cfg = Runner(engine.model, ATTN), engine.config
+    # 2 chunks first: its staging of 2 grows to 4 for the next document, dropping the pass over it.
+    docs = [prefill_document(runner, doc_ids(n, 60, seed=n), chunk_size=16) for n in (20, 5 * 16 - 7)]
+    docs.append(take_chunks(docs[1], [4, 0, 2]))
+    rows = scoring_rows(doc_ids(11, 60, seed=6).tolist(), (1, 9), None, 4, cfg.logits_shifted)
+    folds = None if cfg.logits_shifted else 3
+    params = ScoringParams(scorer="self_information", llada_folds=folds)
+    shape = chunk_scorer.question_layout(runner, rows, params).shape
+    params = dataclasses.replace(params, max_rows=4 * shape[0])
+    staged, seen = runner.kept_items("scoring"), []
+    for _ in range(3):  # the third time, every pass is one kept before
+        for doc in docs:  # 5 chunks: passes of 4 and 1; 3 chunks: one pass of 4, a spare item
+            got = score_document(runner, doc, rows, params)
+            want = score_document(runner, doc, rows, params, keep_passes=False)
+            torch.testing.assert_close(got.scores, want.scores, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got.anchors, want.anchors, atol=1e-5, rtol=1e-5)
+        seen.append({id(p) for p in staged.values()})
+    assert seen[0] < seen[1] == seen[2]  # the 2-chunk pass came back over the grown staging
+    assert sorted(p.b for p in staged.values()) == [1, 2, 4]
+    stagings = runner.kept_items("scoring staging")
+    assert len(stagings) == 1 and {id(p.staging) for p in staged.values()} == {id(next(iter(stagings.values())))}
+    assert next(iter(stagings.values())).keys.shape[1] == 4  # one buffer, grown to the largest pass
+    docs = docs[1:]
+    chunk_bytes = docs[0].keys[:, 0].nbytes + docs[0].values[:, 0].nbytes
+    monkeypatch.setattr(chunk_scorer, "MAX_COPIED_KV_BYTES", 2 * chunk_bytes)
+    passes = chunk_scorer.scoring_passes(runner, docs[0], shape, params.max_rows)
+    assert [(start, end) for start, end, _ in passes] == [(0, 2), (2, 4), (4, 5)]
+    got = score_document(runner, docs[0], rows, params)
+    torch.testing.assert_close(got.scores, score_document(runner, docs[0], rows, params, keep_passes=False).scores,
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_eager_scoring_passes_keep_nothing(engines):
+    """Without graphs each question's passes read the document's KV in place and nothing is kept."""
+    runner = Runner(engines["llada"].model, ATTN)
     doc = prefill_document(runner, doc_ids(70, 60), chunk_size=16)
-    first = kept_scoring_passes(runner, doc, [(0, 3), (3, 5)], shape)
-    second = kept_scoring_passes(runner, doc, [(0, 3), (3, 5)], shape)
-    third = kept_scoring_passes(runner, doc, [(0, 3), (3, 5)], shape)
-    assert [p.wants_graph for p in first] == [False, False] and [p.wants_graph for p in second] == [True, True]
-    assert third[0] is second[0] and third[1] is second[1]
-    assert len(runner.kept_items("scoring")) == 2
-    for _ in range(3):
-        cut = take_chunks(doc, [0, 2, 4])
-        assert [p.wants_graph for p in kept_scoring_passes(runner, cut, [(0, 3)], shape)] == [False]
+    rows = scoring_rows(doc_ids(11, 60, seed=6).tolist(), (1, 9), None, 4, runner.cfg.logits_shifted)
+    score_document(runner, doc, rows, ScoringParams(scorer="self_information", llada_folds=2))
+    assert not runner.kept_items("scoring") and not runner.kept_items("scoring staging")
 
 
 @pytest.mark.parametrize("family", ["dream", "llada"])

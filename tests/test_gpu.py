@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -143,6 +145,7 @@ def test_captured_draft_and_scoring_replay_like_eager(family, dream_dir, llada_d
     eagerly give (the same layer halves)."""
     from engine import AnswerParams, SamplingParams, ScoringParams
     from engine.method.chunk_scorer import draft_pseudo_labels, score_document, scoring_rows
+    from engine.method.kv_cache import take_chunks
     from engine.method.prompting import build_question_prompt
     from engine.runner import Runner
 
@@ -167,8 +170,17 @@ def test_captured_draft_and_scoring_replay_like_eager(family, dream_dir, llada_d
             torch.testing.assert_close(torch.tensor(graphed.trace.scores), scored.scores, atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(graphed.trace.anchors_scoring, scored.anchors, atol=1e-4, rtol=1e-4)
     scoring, drafts = runner.kept_items("scoring"), runner.kept_items("draft")
-    # Captured on a document's second scoring at one shape ("Which river?" is asked twice).
-    assert scoring and any(p._call.graph is not None for p in scoring.values())
+    # Staged passes: captured on their first scoring, for any document's chunks.
+    assert scoring and all(p._call.graph is not None for p in scoring.values())
+    on_host = doc.to("cpu")
+    on_host = dataclasses.replace(on_host, keys=on_host.keys.pin_memory(), values=on_host.values.pin_memory())
+    for ordinals in ([3, 0, 5], [1, 2, 4, 6, 7]):  # prefiltered cuts: new tensors, the kept graphs replay
+        cut = take_chunks(doc, ordinals)
+        want = score_document(eager, cut, rows, sp, keep_passes=False).scores
+        torch.testing.assert_close(score_document(runner, cut, rows, sp).scores, want, atol=1e-4, rtol=1e-4)
+        # in pinned host memory (the pool's warm tier): staged a layer at a time
+        host_cut = take_chunks(on_host, ordinals, pin=True)
+        torch.testing.assert_close(score_document(runner, host_cut, rows, sp).scores, want, atol=1e-4, rtol=1e-4)
     assert drafts and all(p._call.graph is not None for p in drafts.values())
 
 
@@ -176,7 +188,7 @@ def test_captured_draft_and_scoring_replay_like_eager(family, dream_dir, llada_d
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_shared_scoring_passes_match_each_question_alone_on_gpu(family, dtype, dream_dir, llada_dir):
     """Three questions' documents (odd lengths) scored in shared eager passes on the GPU give each
-    question's scores from the runner's kept passes (captured graphs, the second scoring), within
+    question's scores from the runner's kept passes (captured, staged graphs), within
     the dtype's tolerance."""
     from engine import ScoringParams
     from engine.method.chunk_scorer import ScoringJob, score_document, score_documents_together, scoring_rows

@@ -25,8 +25,8 @@ from engine.attention.masks import (
     segment_mask,
 )
 from engine.attention.merge import merge_attention_states, merge_many
-from engine.attention.reference import attention_probs, reference_attention
-from engine.attention.sdpa import sdpa_attention
+from engine.attention.reference import attention_probs, bos_probs, reference_attention
+from engine.attention.sdpa import native_lse, sdpa_attention
 
 logger = logging.getLogger(__name__)
 
@@ -55,15 +55,15 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, needs_lse: bo
         if override not in BACKENDS:
             raise ValueError(f"unknown attention backend {override!r}; choose from {sorted(BACKENDS)}")
         return BACKENDS[override]
-    if needs_lse:
-        logger.info("attention: 'reference' chosen because the caller needs log-sum-exp and no "
-                    "native-lse fast backend is available on %s", device)
+    if needs_lse and not native_lse(device, dtype):
+        logger.info("attention: 'reference' chosen because the caller needs log-sum-exp and SDPA "
+                    "gives it natively only on CUDA, not on %s", device)
         return BACKENDS["reference"]
     return BACKENDS["sdpa"]
 
 
 __all__ = [
-    "AttentionBackend", "BACKENDS", "MaskSpec", "attention_probs", "causal_mask", "dense_mask",
+    "AttentionBackend", "BACKENDS", "MaskSpec", "attention_probs", "bos_probs", "causal_mask", "dense_mask",
     "full_mask", "materialize", "merge_attention_states", "merge_many", "reference_attention",
     "sdpa_attention", "segment_mask", "select_backend",
 ]

@@ -51,3 +51,15 @@ def reference_attention(q, k, v, mask: MaskSpec, scale: float, return_lse: bool 
     hkv = v.shape[1]
     out = torch.einsum("bhgqk,bhkd->bhgqd", probs.view(b, hkv, hq // hkv, tq, tk), v.float())
     return out.reshape(b, hq, tq, -1).to(q.dtype), (lse if return_lse else None)
+
+
+def bos_probs(q: torch.Tensor, bos_keys: torch.Tensor, lse: torch.Tensor, scale: float) -> torch.Tensor:
+    """fp32 attention probabilities on a few keys from the rows' log-sum-exp over all their keys:
+    q [B, Hq, Tq, D], bos_keys [B, Hkv, K, D], lse [B, Hq, Tq] -> [B, Hq, Tq, K] (GQA head-major).
+    Why: a kernel that returns its lse spares the full [B, Hq, Tq, Tk] fp32 probabilities when only
+    K keys' mass is wanted (each chunk's BOS: K scores a row, a tiny matmul). The keys must be
+    visible to the rows (a masked key's probability is 0, which this does not know)."""
+    b, hq, tq, d = q.shape
+    hkv = bos_keys.shape[1]
+    scores = torch.einsum("bhgqd,bhkd->bhgqk", q.float().view(b, hkv, hq // hkv, tq, d), bos_keys.float())
+    return torch.exp(scores.reshape(b, hq, tq, -1) * scale - lse[..., None])

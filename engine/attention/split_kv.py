@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.attention.reference import bos_probs
+
 try:  # Triton is optional: the CPU path never needs it.
     import triton
     import triton.language as tl
@@ -135,18 +137,15 @@ def bos_attention_mass(q: torch.Tensor, kv: PagedKV, scale: float, lse: torch.Te
     the weighted sum over rows of the mean over heads of p(BOS of page k). The split kernel never
     materialises probabilities, so the BOS scores are recomputed: K keys per head, a tiny matmul.
     """
-    hq, tq, d = q.shape
-    hkv = kv.num_kv_heads
+    d = q.shape[-1]
     bos = (kv.bos_keys if kv.bos_keys is not None else page_bos_keys(kv.k_pages, kv.page_ids)).float()  # [K, Hkv, D]
     if kv.rot_cos is not None:  # R(start) k, the BOS at its placed position
         half = d // 2
         c, s = kv.rot_cos.float()[:, None], kv.rot_sin.float()[:, None]  # [K, 1, D/2]
         b1, b2 = bos[..., :half], bos[..., half:]
         bos = torch.cat((b1 * c - b2 * s, b2 * c + b1 * s), -1)
-    qg = q.float().view(hkv, hq // hkv, tq, d)  # head-major GQA: query head h*G + g reads KV head h
-    scores = torch.einsum("hgtd,khd->hgtk", qg, bos) * scale
-    probs = torch.exp(scores - lse.view(hkv, hq // hkv, tq)[..., None])  # [Hkv, G, Tq, K]
-    return torch.einsum("tk,t->k", probs.mean(dim=(0, 1)), row_weights.float())
+    probs = bos_probs(q[None], bos.transpose(0, 1)[None], lse[None], scale)[0]  # [Hq, Tq, K]
+    return torch.einsum("tk,t->k", probs.mean(dim=0), row_weights.float())
 
 
 @dataclass(frozen=True)

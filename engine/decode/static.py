@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import attention_probs, full_mask
+from engine.attention import bos_probs, full_mask
 from engine.cuda_graphs import ANSWER_GRAPHS, GraphedCall, kept_pool
 from engine.decode.loop import (
     BlockDone,
@@ -192,15 +192,17 @@ class _QuestionLayerCache:
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, runner: Runner,
                  bos_keys: torch.Tensor, row_weights: torch.Tensor, bos_mass: torch.Tensor) -> None:
         self.keys, self.values, self.runner = keys, values, runner
-        self.mask = full_mask(key_valid=valid)  # valid: [B, Tc + R] bool, shared by the layers
+        self.valid = valid  # [B, Tc + R] bool, shared by the layers
+        self.mask = full_mask(key_valid=valid)
         self.bos_keys, self.row_weights, self.bos_mass = bos_keys, row_weights, bos_mass  # [K], [B, R], [B, K]
 
     def attend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, scale: float) -> torch.Tensor:
         rows = k_new.shape[2]
         self.keys[:, :, -rows:] = k_new
         self.values[:, :, -rows:] = v_new
-        out, _ = self.runner.attention(q, self.keys, self.values, self.mask, scale, return_lse=False)
-        bos = attention_probs(q, self.keys, self.mask, scale)[..., self.bos_keys]  # [B, Hq, R, K] fp32
+        out, lse = self.runner.attention(q, self.keys, self.values, self.mask, scale, return_lse=True)
+        bos = bos_probs(q, self.keys[:, :, self.bos_keys], lse, scale)  # [B, Hq, R, K] fp32
+        bos = torch.where(self.valid[:, None, None, self.bos_keys], bos, 0.0)  # a spare row's context is masked
         # Mean over heads and real rows (padding rows weigh 0), as _bos_anchor_mass takes it.
         self.bos_mass.copy_(torch.einsum("bhrk,br->bk", bos, self.row_weights) / bos.shape[1])
         return out

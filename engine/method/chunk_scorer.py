@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
@@ -85,10 +84,15 @@ class DocumentScores:
 
 DRAFT_ROUND = 16  # the prompt is padded to a multiple of this: one captured graph serves many questions
 MAX_DRAFT_PASSES = 16  # draft passes (padded prompt size x batch: small buffers) a runner keeps, LRU dropped
-# Scoring passes a runner keeps (each a captured graph): a 128K-token document is scored in 3
-# passes per question size at Dream-7B's shape, 10 at LLaDA-8B's (4 folds). The graphs share one
-# memory pool, so what each one adds is its small outputs.
+# Staged scoring passes a runner keeps (each a captured graph), by chunks a pass (a power of two)
+# and layout shape (question rows rounded to SCORING_ROUND). The graphs share one memory pool, so
+# what each one adds is its small outputs; the passes share their geometry's staging KV.
 MAX_SCORING_PASSES = 32
+MAX_STAGINGS = 2  # staging buffers kept, one per KV geometry (a model, a chunk size, a dtype)
+# The chunks' KV a scoring pass copies, at most (keys and values side by side; a staged pass's
+# staging, a shared pass's gathered KV): at Dream-7B's shape a chunk of 512 tokens holds 29 MB,
+# LLaDA-8B's 268 MB, so rows alone would not bound it.
+MAX_COPIED_KV_BYTES = 2 << 30
 
 
 def draft_rows(prompt_len: int) -> int:
@@ -305,48 +309,97 @@ def _scoring_forward(runner: Runner, ids: torch.Tensor, positions: torch.Tensor,
     return lp, summary
 
 
-class ScoringPass:
-    """One scoring forward over chunks [start, end) of a document, for layouts of one shape:
-    fixed-address inputs filled per question; eager, or one captured CUDA graph. Returns the read
-    rows' log-probabilities [b, F*T'] fp32 and the attention summary [b, L, 2] (BOS, content)."""
+class _ScoringInputs:
+    """The fixed-address inputs of a scoring forward over b chunks of C keys for layouts of one
+    shape (rows, read rows, window rows), filled per question (a captured graph reads them)."""
 
-    def __init__(self, runner: Runner, doc: DocumentKV, start: int, end: int, shape: tuple[int, int, int],
-                 use_graph: bool, pool: tuple | None = None) -> None:
-        cfg, device = runner.cfg, runner.device
-        rows, read, window = shape
-        b, c = end - start, doc.chunk_size
-        self.runner, self.shape = runner, shape
-        self.wants_graph = use_graph  # capture on the first call (which may still fall back to eager)
-        # Weak references: a kept pass must not keep the document's KV alive (a captured graph
-        # reads it by address, and is only replayed while `keys_ref()` is the document's KV).
-        self.keys_ref, self.values_ref = weakref.ref(doc.keys), weakref.ref(doc.values)
-        self.start, self.end = start, end
-        self.lengths = doc.lengths[start:end].to(device)
+    def __init__(self, runner: Runner, b: int, c: int, shape: tuple[int, int, int]) -> None:
+        device, (rows, read, window) = runner.device, shape
         self.ids = torch.zeros(b, rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(b, rows, dtype=torch.long, device=device)
         self.mask = torch.zeros(b, 1, rows, c + rows, dtype=torch.bool, device=device)  # [b, 1, rows, C + rows]
-        self.mask[:, 0, :, :c] = valid_chunk_keys(self.lengths, c)[:, None, :]
         self.read = torch.zeros(read, dtype=torch.long, device=device)
         self.read_tokens = torch.zeros(read, dtype=torch.long, device=device)
         self.window = torch.zeros(window, dtype=torch.long, device=device)
-        self.capture = AttentionCapture(tuple(range(cfg.num_layers)), self.window, _attention_summary(c))
-        self._call = GraphedCall(self._run, use_graph, "scoring pass", pool)
+        self.capture = AttentionCapture(tuple(range(runner.cfg.num_layers)), self.window, _attention_summary(c))
 
-    def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
-        past = _past(self.keys_ref(), self.values_ref(), self.start, self.end, self.ids.device)
-        return _scoring_forward(self.runner, self.ids, self.positions, self.mask, past, self.read,
-                                self.read_tokens[None], self.capture)
-
-    def __call__(self, layout: ScoringLayout) -> tuple[torch.Tensor, torch.Tensor]:
-        assert layout.shape == self.shape and layout.ids.device == self.ids.device
-        c = self.mask.shape[-1] - self.shape[0]
+    def fill(self, layout: ScoringLayout, lengths: torch.Tensor) -> None:
+        """One question's layout over chunks of `lengths` [b] (on the device; 0: a spare item)."""
+        c = self.mask.shape[-1] - self.ids.shape[1]
         self.ids.copy_(layout.ids[None].expand_as(self.ids))
-        self.positions.copy_(self.lengths[:, None] + layout.offsets[None])
+        self.positions.copy_(lengths[:, None] + layout.offsets[None])
+        self.mask[:, 0, :, :c] = valid_chunk_keys(lengths, c)[:, None, :]
         self.mask[:, 0, :, c:] = layout.row_mask[None]
         self.read.copy_(layout.read)
         self.read_tokens.copy_(layout.read_tokens)
         self.window.copy_(layout.window)
-        return self._call()
+
+    def forward(self, runner: Runner, past: list) -> tuple[torch.Tensor, torch.Tensor]:
+        return _scoring_forward(runner, self.ids, self.positions, self.mask, past, self.read, self.read_tokens[None],
+                                self.capture)
+
+
+class ScoringPass:
+    """One eager scoring forward over chunks [start, end) of a document, its KV read in place (views,
+    or copies to the model's device). Returns the read rows' log-probabilities [b, F*T'] fp32 and
+    the attention summary [b, L, 2] (BOS, content). The reference of `StagedScoringPass`."""
+
+    def __init__(self, runner: Runner, doc: DocumentKV, start: int, end: int, shape: tuple[int, int, int]) -> None:
+        self.runner, self.doc, self.start, self.end = runner, doc, start, end
+        self.inputs = _ScoringInputs(runner, end - start, doc.chunk_size, shape)
+
+    def __call__(self, layout: ScoringLayout) -> tuple[torch.Tensor, torch.Tensor]:
+        self.inputs.fill(layout, self.doc.lengths[self.start:self.end].to(self.runner.device))
+        return self.inputs.forward(self.runner, _past(self.doc.keys, self.doc.values, self.start, self.end,
+                                                      self.runner.device))
+
+
+@dataclass(frozen=True)
+class ScoringStaging:
+    """KV buffers [L, B, Hkv, C, D] the staged scoring passes of one KV geometry copy chunks into:
+    a pass of b <= B chunks uses the first b (shared by the passes of every b and layout shape:
+    they run one at a time)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+class StagedScoringPass:
+    """A scoring forward over up to b chunks of any document, for layouts of one shape: the chunks'
+    KV is copied into the runner's staging buffers, then one captured CUDA graph replays (captured
+    on the first call). Returns what `ScoringPass` returns, for the chunks given.
+
+    Why staged: a graph reads its KV by address, and a prefiltered question's candidates are a new
+    tensor every time (`take_chunks`, as the app and the scheduler cut them), so a graph over a
+    document's own KV would never replay; eager, a pass costs about 2.5 x its graph at Dream-7B's
+    shape (launch-bound). The copy is b chunks' KV on the device (8 x 29 MB there, ~0.2 ms)."""
+
+    def __init__(self, runner: Runner, staging: ScoringStaging, b: int, shape: tuple[int, int, int],
+                 pool: tuple | None) -> None:
+        self.runner, self.staging, self.b = runner, staging, b
+        self.inputs = _ScoringInputs(runner, b, staging.keys.shape[3], shape)
+        self.lengths = torch.zeros(b, dtype=torch.long)
+        self._call = GraphedCall(self._run, runner.uses_graphs, "scoring pass", pool)
+
+    def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values, b = self.staging.keys, self.staging.values, self.b
+        return self.inputs.forward(self.runner, [(keys[layer, :b], values[layer, :b])
+                                                 for layer in range(keys.shape[0])])
+
+    def __call__(self, doc: DocumentKV, start: int, end: int, layout: ScoringLayout
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = end - start
+        for staged, kv in ((self.staging.keys, doc.keys), (self.staging.values, doc.values)):
+            if kv.device == staged.device:
+                staged[:, :n].copy_(kv[:, start:end])
+            else:  # a layer at a time: each slice is contiguous, so pinned memory copies asynchronously
+                for layer in range(kv.shape[0]):
+                    staged[layer, :n].copy_(kv[layer, start:end], non_blocking=True)
+        self.lengths.zero_()  # spare items: no chunk key is visible, their rows see each other only
+        self.lengths[:n] = doc.lengths[start:end]
+        self.inputs.fill(layout, self.lengths.to(self.runner.device, non_blocking=True))
+        log_probs, summary = self._call()
+        return log_probs[:n], summary[:n]
 
 
 def question_layout(runner: Runner, rows: ScoringRows, params: ScoringParams, rows_per_fold: int = 0,
@@ -392,17 +445,17 @@ class _ScoreSink:
 def score_document(runner: Runner, doc: DocumentKV, rows: ScoringRows, params: ScoringParams,
                    interrupt_check: Callable[[], None] | None = None, keep_passes: bool = True) -> DocumentScores:
     """Scores every chunk of one document in batched passes over its cached KV: the runner's kept
-    passes (`kept_scoring_passes`, captured graphs on CUDA), or with `keep_passes` False new eager
+    passes (`scoring_passes`: staged, captured graphs on CUDA), or with `keep_passes` False new eager
     ones (the reference). `interrupt_check` is called before each pass and raises to stop (a
     cancelled question: scoring a long document is the longest stretch without a decode step)."""
     layout = question_layout(runner, rows, params)  # on the model's device once per document
     sink = _ScoreSink(doc.num_chunks, runner.cfg.num_layers, layout, params)
-    ranges = chunk_batches(doc.num_chunks, layout.shape[0], params.max_rows)
     if keep_passes:
-        forwards = kept_scoring_passes(runner, doc, ranges, layout.shape)
+        passes = scoring_passes(runner, doc, layout.shape, params.max_rows)
     else:
-        forwards = [ScoringPass(runner, doc, start, end, layout.shape, False) for start, end in ranges]
-    for (start, end), forward in zip(ranges, forwards, strict=True):
+        passes = [(start, end, ScoringPass(runner, doc, start, end, layout.shape))
+                  for start, end in chunk_batches(doc.num_chunks, layout.shape[0], params.max_rows)]
+    for start, end, forward in passes:
         if interrupt_check is not None:
             interrupt_check()
         sink.add(start, end, *forward(layout))
@@ -448,15 +501,10 @@ def _sharing_key(job: ScoringJob, folds: int) -> tuple:
     return folds, after_window, rows.window.numel(), doc.chunk_size, doc.keys.dtype, doc.keys.device
 
 
-# The chunks' KV a shared pass copies, at most (their keys and values side by side): at Dream-7B's
-# shape a chunk of 512 tokens holds 29 MB, LLaDA-8B's 268 MB, so rows alone would not bound it.
-MAX_SHARED_PASS_KV_BYTES = 2 << 30
-
-
 @torch.inference_mode()
 def score_documents_together(runner: Runner, jobs: Sequence[ScoringJob]) -> list[DocumentScores | None]:
     """`score_document` of several jobs (documents of several questions), their chunks sharing
-    eager batched passes of at most `max_rows` rows and MAX_SHARED_PASS_KV_BYTES of copied KV: one
+    eager batched passes of at most `max_rows` rows and MAX_COPIED_KV_BYTES of copied KV: one
     pass reads the weights for many questions, where each question alone would read them for its
     few chunks. A job that shares with no other is scored alone (`score_document`: kept passes,
     KV read in place). Scores equal each job's alone, up to the floating-point order of a larger
@@ -482,7 +530,7 @@ def score_documents_together(runner: Runner, jobs: Sequence[ScoringJob]) -> list
         rows_per_item, c = layouts[0].ids.numel(), doc.chunk_size
         chunk_bytes = (doc.keys[:, 0].nbytes + doc.values[:, 0].nbytes) if doc.num_chunks else 1
         items_per_pass = max(1, min(min(jobs[j].params.max_rows for j in members) // rows_per_item,
-                                    MAX_SHARED_PASS_KV_BYTES // chunk_bytes))
+                                    MAX_COPIED_KV_BYTES // chunk_bytes))
         runs = [(m, 0, jobs[j].document.num_chunks) for m, j in enumerate(members)]  # (member, chunks [start, end))
         capture = AttentionCapture(tuple(range(cfg.num_layers)), layouts[0].window, _attention_summary(c))
         stopped = [False] * len(members)
@@ -546,41 +594,47 @@ def _pack_runs(runs: list[tuple[int, int, int]], items_per_pass: int) -> list[li
     return passes
 
 
-def kept_scoring_passes(runner: Runner, doc: DocumentKV, ranges: list[tuple[int, int]],
-                        shape: tuple[int, int, int]) -> list[ScoringPass]:
-    """The scoring forwards over `doc`'s chunk ranges, kept by the runner across questions while
-    that KV tensor lives (a weak reference: a kept pass never keeps a document alive).
-
-    A pass is captured as a CUDA graph the second time its KV is scored, not the first: a graph
-    reads the KV by address, so it pays only for a document that stays resident. A prefiltered
-    question's candidates are a new tensor every time (`take_chunks`): capturing their passes
-    cost a capture per question for graphs never replayed, and under load the captures failed in
-    the caching allocator (one per question, then eager anyway). A document that needs more
-    passes than are kept gets new eager ones: cycling through more than the runner keeps would
-    recapture every pass on every question."""
-    kept = runner.kept_items("scoring")
-    for stale in [key for key, p in kept.items() if p.keys_ref() is None]:
-        del kept[stale]
-    if len(ranges) > MAX_SCORING_PASSES:
-        return [ScoringPass(runner, doc, start, end, shape, False) for start, end in ranges]
-    graphs = runner.uses_graphs and doc.keys.device == runner.device
+def scoring_passes(runner: Runner, doc: DocumentKV, shape: tuple[int, int, int], max_rows: int
+                   ) -> list[tuple[int, int, Callable[[ScoringLayout], tuple[torch.Tensor, torch.Tensor]]]]:
+    """The forwards that score all of `doc`'s chunks with layouts of `shape`: (start, end, forward)
+    for chunk ranges of at most `max_rows` rows. Where the runner uses graphs, the runner's kept
+    `StagedScoringPass`es (any document's chunks copied in, at most MAX_COPIED_KV_BYTES of KV a
+    pass); elsewhere new eager `ScoringPass`es that read the KV in place."""
+    if not (runner.uses_graphs and doc.num_chunks):
+        return [(start, end, ScoringPass(runner, doc, start, end, shape))
+                for start, end in chunk_batches(doc.num_chunks, shape[0], max_rows)]
+    chunk_bytes = doc.keys[:, 0].nbytes + doc.values[:, 0].nbytes
+    per_pass = max(1, min(max(1, max_rows // max(shape[0], 1)), MAX_COPIED_KV_BYTES // chunk_bytes))
     passes = []
-    # At most MAX_SCORING_PASSES ranges, each kept last: none of this document's evicts another.
-    for start, end in ranges:
-        key = (id(doc.keys), start, end, shape)
-        seen = key in kept and kept[key].keys_ref() is doc.keys
-        capture = graphs and seen
-
-        def make(start=start, end=end, capture=capture) -> ScoringPass:
-            # The scoring graphs share one memory pool: each one's outputs are read before the next replays.
-            pool = kept_pool(runner, "scoring") if capture else None
-            return ScoringPass(runner, doc, start, end, shape, capture, pool)
-
-        def fits(kept_pass: ScoringPass, capture=capture) -> bool:
-            return kept_pass.keys_ref() is doc.keys and kept_pass.wants_graph >= capture
-
-        passes.append(runner.kept("scoring", key, MAX_SCORING_PASSES, make, fits=fits))
+    for start in range(0, doc.num_chunks, per_pass):
+        end = min(doc.num_chunks, start + per_pass)
+        staged = kept_staged_pass(runner, doc, min(per_pass, 1 << (end - start - 1).bit_length()), shape)
+        passes.append((start, end, lambda layout, start=start, end=end, staged=staged: staged(doc, start, end, layout)))
     return passes
+
+
+def kept_staged_pass(runner: Runner, doc: DocumentKV, b: int, shape: tuple[int, int, int]) -> StagedScoringPass:
+    """The runner's staged scoring pass of b chunks shaped like `doc`'s for layouts of `shape` (b a
+    power of two or a pass's most, so few are captured). One staging per KV geometry, grown to the
+    largest b asked; a pass whose staging is no longer the runner's is dropped (its graph reads the
+    old buffers), so the live stagings are those kept, at most MAX_STAGINGS."""
+    layers, _, hkv, c, d = doc.keys.shape
+    geometry = (layers, hkv, c, d, doc.keys.dtype, runner.device)
+    found = runner.kept_items("scoring staging").get(geometry)
+    if found is None or found.keys.shape[1] < b:
+        size = (layers, b, hkv, c, d)  # zeros: a spare item reads finite keys and values
+        found = ScoringStaging(keys=torch.zeros(size, dtype=doc.keys.dtype, device=runner.device),
+                               values=torch.zeros(size, dtype=doc.values.dtype, device=runner.device))
+    staging = runner.kept("scoring staging", geometry, MAX_STAGINGS, lambda: found, fits=lambda kept: kept is found)
+    live = {id(s) for s in runner.kept_items("scoring staging").values()}
+    passes = runner.kept_items("scoring")
+    for key in [key for key, p in passes.items() if id(p.staging) not in live]:
+        del passes[key]
+
+    def make() -> StagedScoringPass:
+        # The scoring graphs share one memory pool: each one's outputs are read before the next replays.
+        return StagedScoringPass(runner, staging, b, shape, kept_pool(runner, "scoring"))
+    return runner.kept("scoring", (geometry, b, shape), MAX_SCORING_PASSES, make)
 
 
 def _past(keys: torch.Tensor, values: torch.Tensor, start: int, end: int, device: torch.device):

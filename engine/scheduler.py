@@ -34,8 +34,10 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import itertools
 import logging
 import queue
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -72,6 +74,42 @@ from engine.runner import Runner
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def gathered_enough(waits_s: Sequence[float], decoding: int, preparation_s: float, places: int) -> bool:
+    """Whether newcomers waiting for `waits_s` seconds are prepared now, or wait a step longer for
+    others to join their preparation.
+
+    Preparing stalls each of the `decoding` questions for about `preparation_s`; most of that is
+    paid once a preparation however many it takes (a draft, a scoring pass and a question pass,
+    each reading every weight), so a newcomer that joins one saves the decoding questions a stall.
+    The newcomers are prepared once their waits add up to the stall they cause (`decoding` x
+    `preparation_s`), at once when none is decoding, and as soon as no other could join them
+    (`places`: newcomers one preparation can take). Under Poisson arrivals near capacity,
+    preparing every arrival at once costs the GPU more in preparations than it has
+    (tools/scheduler_sim.py); this rule lowers p95 latency at every load simulated."""
+    if not waits_s:
+        return False
+    return decoding == 0 or len(waits_s) >= places or sum(waits_s) >= decoding * preparation_s
+
+
+class RecentSeconds:
+    """How long recent runs of one kind of work took, by the number of questions each took."""
+
+    def __init__(self, kept: int = 5) -> None:
+        self.kept = kept
+        self._by_count: dict[int, collections.deque[float]] = {}
+
+    def record(self, count: int, seconds: float) -> None:
+        self._by_count.setdefault(count, collections.deque(maxlen=self.kept)).append(seconds)
+
+    def expected(self, count: int) -> float:
+        """The median of the recent runs of the nearest count (a median: the first run of a count
+        may hold a graph capture); 0 before any run."""
+        if not self._by_count:
+            return 0.0
+        nearest = min(self._by_count, key=lambda c: (abs(c - count), c))
+        return statistics.median(self._by_count[nearest])
 
 
 class QueueFull(RuntimeError):
@@ -171,6 +209,7 @@ class _Submitted:
     chunk_priors: Sequence[Sequence[float]] | None
     interrupt_check: Callable[[], None] | None
     handle: QuestionHandle
+    submitted_at: float = field(default_factory=time.perf_counter)
 
 
 @dataclass(eq=False)
@@ -202,14 +241,18 @@ class AnswerScheduler:
     reading of the weights for all), and fill the batch sooner: with one a step, an answer of S
     steps caps the batch near S. Fewer keep the pause the decoding questions see between two steps
     short.
+    `gather`: while questions are decoding, newcomers wait to be prepared together, as long as
+    `gathered_enough` says (False: each step prepares whoever has arrived).
     """
 
     def __init__(self, runner: Runner, tokenizer, max_batch: int = 16, max_waiting: int = 64,
-                 max_prepare: int = 8) -> None:
+                 max_prepare: int = 8, gather: bool = True) -> None:
         if max_batch < 1 or max_waiting < 0 or max_prepare < 1:
             raise ValueError("max_batch and max_prepare must be >= 1 and max_waiting >= 0")
         self.runner, self.tokenizer = runner, tokenizer
         self.max_batch, self.max_waiting, self.max_prepare = max_batch, max_waiting, max_prepare
+        self.gather = gather
+        self._draft_times, self._preparation_times = RecentSeconds(), RecentSeconds()
         self.turns = FairTurns()
         self.batch_sizes: collections.Counter[int] = collections.Counter()  # forwards run at each row count
         self.prepared_together: collections.Counter[int] = collections.Counter()  # preparations by newcomers
@@ -301,7 +344,7 @@ class AnswerScheduler:
                     self._waiting.remove(submitted)  # its asker left while it waited: it never runs
                     self._pending -= 1
                     submitted.handle._events.put(_DONE)
-                newcomers = self._take_waiting(self.max_batch)
+                newcomers = self._take_waiting(self.max_batch) if self._gathered() else []
             while newcomers:
                 self._start_loads()
                 self._draft(newcomers)
@@ -326,6 +369,17 @@ class AnswerScheduler:
         for submitted in list(self._waiting) + [s for s, _ in self._admitting]:
             submitted.handle._events.put(SchedulerStopped("the server is stopping"))
         self._loader.shutdown(wait=False, cancel_futures=True)
+
+    def _gathered(self) -> bool:
+        """Whether the waiting newcomers are taken off the queue now (the caller holds `_wake`):
+        see `gathered_enough`."""
+        if not self.gather or not self._active:
+            return True
+        places = min(self.max_batch - len(self._active), self.max_prepare) - len(self._admitting)
+        waiting = list(itertools.islice(self._waiting, max(0, places)))
+        now, count = time.perf_counter(), len(waiting)
+        expected = self._draft_times.expected(count) + self._preparation_times.expected(count)
+        return gathered_enough([now - w.submitted_at for w in waiting], len(self._active), expected, places)
 
     def _has_work(self) -> bool:
         """Whether the thread has something to do (the caller holds `_wake`): questions to take off
@@ -408,6 +462,7 @@ class AnswerScheduler:
                 start = time.perf_counter()
                 drafts = draft_answers(self.runner, [p for _, p in prompts], [s.params for s, _ in prompts])
                 seconds = time.perf_counter() - start
+            self._draft_times.record(len(prompts), seconds)
         except BaseException as exc:  # noqa: BLE001 - a failed pass fails the questions it drafted
             for submitted, _ in prompts:
                 self._fail(submitted, exc)
@@ -449,7 +504,9 @@ class AnswerScheduler:
         self.prepared_together[len(loaded)] += 1
         try:
             with self.turns.turn():
+                start = time.perf_counter()
                 self._prepare_loaded(loaded)
+                self._preparation_times.record(len(loaded), time.perf_counter() - start)
         finally:
             with self._wake:
                 self._pending -= len(loaded)

@@ -115,6 +115,9 @@ def _build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--max-prepare", type=int, default=8, metavar="Q",
                     help="with --concurrency: newcomers the scheduler prepares between two steps, their chunks "
                          "scored in shared passes (default 8, the app's)")
+    bn.add_argument("--prepare-at-once", action="store_true",
+                    help="with --concurrency: prepare newcomers at the next step, rather than gathering them "
+                         "while questions decode (engine.scheduler.gathered_enough); for comparison")
     bn.add_argument("--documents-on", choices=DOCUMENTS_ON, default="device",
                     help="with --concurrency: where the N documents' KV is held; host: the scheduler's loader "
                          "threads copy each question's document (or its --prefilter candidates) to the GPU, as "
@@ -258,14 +261,15 @@ def _bench_concurrency(args: argparse.Namespace, scoring) -> int:
                             progress=lambda line: print(line, file=sys.stderr, flush=True), scoring=scoring,
                             prefilter=prefilter, tokens_per_step=args.tokens_per_step,
                             max_prepare=args.max_prepare, block_length=args.block_length,
-                            documents_on=args.documents_on)
+                            documents_on=args.documents_on, gather=not args.prepare_at_once)
     meta = {"shape": args.shape, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "concurrency": args.concurrency, "context": args.contexts[0],
             "answer": answer, "chunk_size": args.chunk_size, "top_k": args.top_k, "load": args.load,
             "scorer": args.scorer, "llada_folds": args.llada_folds or "leave-one-out",
             "prefilter": prefilter or "every chunk",
             "rule": f"{args.tokens_per_step} token(s) committed per step", "max_prepare": args.max_prepare,
-            "block_length": min(args.block_length, answer), "documents_on": args.documents_on}
+            "block_length": min(args.block_length, answer), "documents_on": args.documents_on,
+            "newcomers": "prepared at once" if args.prepare_at_once else "gathered"}
     load_bench.write(phases, args.out, meta)
     print(load_bench.table(phases))
     return EXIT_OK

@@ -127,7 +127,7 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
         rounds: int = 4, poisson_questions: int = 64, load: float = 0.8, max_batch: int | None = None,
         progress=print, seed: int = 0, scoring: ScoringParams = BENCH_SCORING, prefilter: int = 0,
         tokens_per_step: int = 1, max_prepare: int = 8, block_length: int = 32,
-        documents_on: str = "device") -> list[LoadPhase]:
+        documents_on: str = "device", gather: bool = True) -> list[LoadPhase]:
     if documents_on not in DOCUMENTS_ON:
         raise ValueError(f"documents_on must be one of {DOCUMENTS_ON}, got {documents_on!r}")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -160,7 +160,8 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
         def documents(i: int):
             return [docs[i]]
     scheduler = AnswerScheduler(runner, None, max_batch=max_batch or concurrency,
-                                max_waiting=max(64, concurrency + poisson_questions), max_prepare=max_prepare)
+                                max_waiting=max(64, concurrency + poisson_questions), max_prepare=max_prepare,
+                                gather=gather)
     phases: list[LoadPhase] = []
 
     def report(phase: LoadPhase) -> None:

@@ -21,7 +21,7 @@ from engine.decode.loop import (
 from engine.decode.sampling import StepPlan
 from engine.decode.static import StaticBatch, StaticDecoder
 from engine.method.answer import AnswerResult, prepare_answer
-from engine.scheduler import AnswerScheduler, FairTurns, QueueFull
+from engine.scheduler import AnswerScheduler, FairTurns, QueueFull, RecentSeconds, gathered_enough
 from tests.tiny_inputs import asked_together, doc_ids
 
 
@@ -508,7 +508,8 @@ def test_a_slow_load_does_not_pause_the_questions_decoding(engines):
         loaded_on.append(first_done.wait(60))
         return [docs[1]]
 
-    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=4)
+    # (prepared at its first step, not gathered: its load must overlap the first's decoding)
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=4, gather=False)
     try:
         first = iter(scheduler.submit([docs[0]], asks[0][1], asks[0][2]))
         first_events = [next(first)]  # its first step: it is decoding
@@ -604,3 +605,52 @@ def test_a_question_left_while_its_documents_load_does_not_hold_up_the_others(en
     finally:
         stuck.set()
         scheduler.close()
+
+
+def test_newcomers_are_gathered_until_their_waits_cover_the_stall_they_cause():
+    """gathered_enough: preparing stalls every decoding question for the preparation's time; the
+    newcomers go once their summed waits reach that, at once with none decoding or no place left."""
+    assert not gathered_enough([], decoding=0, preparation_s=0.05, places=8)  # nobody to prepare
+    assert gathered_enough([0.0], decoding=0, preparation_s=0.05, places=8)  # an idle GPU: at once
+    assert not gathered_enough([0.02], decoding=4, preparation_s=0.05, places=8)  # 0.02 < 4 x 0.05
+    assert not gathered_enough([0.1, 0.09], decoding=4, preparation_s=0.05, places=8)  # 0.19 < 0.2
+    assert gathered_enough([0.1, 0.1], decoding=4, preparation_s=0.05, places=8)  # 0.2: as long as the stall
+    assert gathered_enough([0.2], decoding=4, preparation_s=0.05, places=8)
+    assert gathered_enough([0.0, 0.0], decoding=12, preparation_s=0.05, places=2)  # no other could join
+    assert gathered_enough([0.0], decoding=3, preparation_s=0.0, places=8)  # no measured cost yet
+
+
+def test_recent_seconds_are_the_median_of_the_nearest_count():
+    times = RecentSeconds(kept=3)
+    assert times.expected(4) == 0.0  # nothing run yet
+    for seconds in (0.9, 0.1, 0.2):  # the first run held a graph capture
+        times.record(1, seconds)
+    assert times.expected(1) == 0.2
+    times.record(1, 0.3)  # the oldest (0.9) is dropped
+    assert times.expected(1) == 0.2
+    times.record(5, 0.5)
+    assert times.expected(2) == 0.2 and times.expected(4) == 0.5 and times.expected(3) == 0.2  # a tie: the fewer
+    assert times.expected(16) == 0.5
+
+
+def test_a_gathered_newcomer_joins_while_the_first_still_decodes(engines):
+    """A question that arrives while another decodes is gathered, not left until the batch
+    empties: it starts decoding before the long first question ends, and both answer as alone."""
+    engine = engines["llada"]
+    docs = _documents(engine, 2)
+    asks = [(docs[0], "What is the code of pier 4?", _params(gen_length=64, block_length=8)),
+            (docs[1], "Who keeps the key?", _params(gen_length=8))]
+    alone = [engine.answer(doc, q, p) for doc, q, p in asks]
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=4)
+    try:
+        first = iter(scheduler.submit([docs[0]], asks[0][1], asks[0][2]))
+        first_events = [next(first)]  # decoding
+        second_events = list(scheduler.submit([docs[1]], asks[1][1], asks[1][2]))
+        first_events += list(first)
+    finally:
+        scheduler.close()
+    # The second ended before the first's last step was taken: the first was still at work.
+    assert sum(isinstance(e, DecodeStep) for e in first_events) == 64
+    assert max(scheduler.batch_sizes) == 2
+    for a, b in zip(alone, [first_events[-1], second_events[-1]], strict=True):
+        assert isinstance(b, AnswerResult) and b.answer_ids == a.answer_ids

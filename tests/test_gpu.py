@@ -148,7 +148,8 @@ def test_a_kept_pool_takes_captures_after_its_graphs_are_dropped(dream_dir):
     assert runner.uses_graphs
     x = torch.arange(7, dtype=torch.float32, device="cuda")
     for round_ in range(3):
-        calls = [GraphedCall(lambda k=k: x * k + round_, True, f"test {k}", kept_pool(runner, "test")) for k in (2, 3)]
+        calls = [GraphedCall(lambda k=k, r=round_: x * k + r, True, f"test {k}", kept_pool(runner, "test"))
+                 for k in (2, 3)]
         for _ in range(2):
             outs = [call() for call in calls]
         assert all(call.graph is not None for call in calls)

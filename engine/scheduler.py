@@ -1,7 +1,9 @@
 """Continuous batching of questions: one thread steps every active question's answer at once.
 
 A question is submitted with its documents' KV, or a loader of them (run on loader threads while
-the others decode: see `_load`), and runs on the scheduler's thread in three parts: its draft, run
+the others decode: see `_load`). While others decode, it waits on the queue for more newcomers to
+share its preparation, as long as `gathered_enough` says. It runs on the scheduler's thread in
+three parts: its draft, run
 in one batched pass with the other questions taken off the queue at the same time
 (`engine.method.answer.draft_answers`); once its documents are loaded, its preparation (chunk
 scoring, selection, the context its answer is decoded over), between two steps of the questions
@@ -252,6 +254,8 @@ class AnswerScheduler:
         self.runner, self.tokenizer = runner, tokenizer
         self.max_batch, self.max_waiting, self.max_prepare = max_batch, max_waiting, max_prepare
         self.gather = gather
+        # Host seconds: on a GPU the question pass may still be running when a preparation returns,
+        # so the expected stall is a little under the real one (the rule then gathers a little less).
         self._draft_times, self._preparation_times = RecentSeconds(), RecentSeconds()
         self.turns = FairTurns()
         self.batch_sizes: collections.Counter[int] = collections.Counter()  # forwards run at each row count

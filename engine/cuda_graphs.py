@@ -30,7 +30,7 @@ ANSWER_GRAPHS = "answer"
 class GraphedCall:
     """`fn()` run eagerly, or captured once (when `use_graph`) and replayed; returns fn's outputs
     (with a graph: the same tensors on every replay, overwritten by each; the first call returns
-    its eager run's own). Graphs given one `pool` (a MemPool's id: `kept_pool`) share memory:
+    its eager run's own). Graphs given one `pool` (torch.cuda.graph_pool_handle(): `kept_pool`) share memory:
     each one's outputs must be used before another of them replays."""
 
     def __init__(self, fn: Callable[[], Any], use_graph: bool, what: str, pool: tuple | None = None) -> None:
@@ -95,8 +95,14 @@ def kept_pool(runner, kind: str) -> tuple | None:
     not a pool of its own for its intermediates."""
     if not runner.uses_graphs:
         return None
-    # A MemPool, not a bare graph_pool_handle(): a handle's pool lives only through the graphs
-    # captured into it, and once the last of them is dropped (a scoring staging replaced drops
-    # every pass over it) the allocator keeps the pool with no user, where a new capture fails
-    # an internal assert ("use_count > 0") and runs eagerly. The MemPool holds a use of its own.
-    return runner.kept(f"{kind} graph pool", None, 1, torch.cuda.MemPool).id
+    return runner.kept(f"{kind} graph pool", None, 1, torch.cuda.graph_pool_handle)
+
+
+def forget_pool(runner, kind: str) -> None:
+    """Lets go of the runner's pool of `kind` once every graph captured into it is dropped. Such a
+    pool lives only through its graphs: with none left the allocator keeps it with no user, and a
+    capture into it fails an internal assert ("use_count > 0") and runs eagerly. The next capture
+    then takes a new pool. (A torch.cuda.MemPool holding a use of its own is no way out on torch
+    2.11: a capture also records its pinned host allocations under the pool's id, and the host
+    allocator, which the MemPool does not count, fails the same assert.)"""
+    runner.kept_items(f"{kind} graph pool").clear()

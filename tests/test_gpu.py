@@ -138,27 +138,6 @@ def test_pool_peek_leaves_a_warm_entry_in_pinned_host_memory():
     assert chunks.keys.is_pinned() and torch.equal(chunks.keys, kv[:, [4, 1]])
 
 
-def test_a_kept_pool_takes_captures_after_its_graphs_are_dropped(dream_dir):
-    """Graphs captured into the runner's kept pool, all dropped (as a replaced scoring staging drops
-    every pass over it), then a new capture into the same pool: it is captured and replays right,
-    not left eager by the allocator's assert on a pool with no user."""
-    from engine.cuda_graphs import GraphedCall, kept_pool
-
-    runner = Engine.from_pretrained(dream_dir, device="cuda").runner
-    assert runner.uses_graphs
-    x = torch.arange(7, dtype=torch.float32, device="cuda")
-    for round_ in range(3):
-        calls = [GraphedCall(lambda k=k, r=round_: x * k + r, True, f"test {k}", kept_pool(runner, "test"))
-                 for k in (2, 3)]
-        for _ in range(2):
-            outs = [call() for call in calls]
-        assert all(call.graph is not None for call in calls)
-        for k, out in zip((2, 3), outs, strict=True):
-            torch.testing.assert_close(out, x * k + round_)
-        del calls, outs  # every graph of the pool dropped; the pool itself is kept by the runner
-        torch.cuda.synchronize()
-
-
 @pytest.mark.parametrize("family", ["dream", "llada"])
 def test_captured_draft_and_scoring_replay_like_eager(family, dream_dir, llada_dir):
     """The draft and scoring graphs the engine's runner keeps, replayed for questions of several

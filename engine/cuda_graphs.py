@@ -30,10 +30,10 @@ ANSWER_GRAPHS = "answer"
 class GraphedCall:
     """`fn()` run eagerly, or captured once (when `use_graph`) and replayed; returns fn's outputs
     (with a graph: the same tensors on every replay, overwritten by each; the first call returns
-    its eager run's own). Graphs given one `pool` (torch.cuda.graph_pool_handle(): `kept_pool`) share memory:
-    each one's outputs must be used before another of them replays."""
+    its eager run's own). Graphs given one `pool` (`kept_pool`) share memory: each one's outputs
+    must be used before another of them replays."""
 
-    def __init__(self, fn: Callable[[], Any], use_graph: bool, what: str, pool: tuple | None = None) -> None:
+    def __init__(self, fn: Callable[[], Any], use_graph: bool, what: str, pool: GraphPool | None = None) -> None:
         # A bound method is held weakly: its object holds this call, and a strong reference back
         # would make a cycle that only the garbage collector frees, so a pass the runner drops
         # would keep its buffers and graph memory (gigabytes for a batched step) until then.
@@ -71,12 +71,14 @@ class GraphedCall:
                 # thread_local: the scheduler's loader threads allocate, copy and wait on their own
                 # copy stream meanwhile; under the default ("global") their calls would void this
                 # capture. This thread's own unsafe calls still fail the capture, as they should.
-                graph.capture_begin(**({"pool": self.pool} if self.pool is not None else {}),
+                graph.capture_begin(**({"pool": self.pool.for_capture()} if self.pool is not None else {}),
                                     capture_error_mode="thread_local")
                 try:
                     out = self.fn()
                 finally:
                     graph.capture_end()
+                if self.pool is not None:
+                    self.pool.captured(graph)
                 # A capture costs its host time on the path of a question: worth seeing under load.
                 logger.info("captured the %s in %.0f ms", self.what, 1000 * (time.perf_counter() - start))
             except RuntimeError as e:  # e.g. an allocator or driver limit: eager is slower, not wrong
@@ -89,20 +91,42 @@ class GraphedCall:
         return result
 
 
-def kept_pool(runner, kind: str) -> tuple | None:
+class GraphPool:
+    """The memory pool that graphs of one kind share, as the handle each capture is given.
+
+    A pool (torch.cuda.graph_pool_handle()) lives only through the graphs captured into it: once
+    all of them are freed (a scoring staging replaced drops every pass over it; the least
+    recently used are dropped), or its only capture failed, the allocator keeps it with no user,
+    and a capture into it fails an internal assert ("use_count > 0") and runs eagerly. So a
+    capture takes a new pool whenever the current one holds no live graph. (A torch.cuda.MemPool,
+    which holds a use of its own, is no way out on torch 2.11: a capture also records its pinned
+    host allocations under the pool's id, where the MemPool is not counted, and fails there.)"""
+
+    def __init__(self, new_handle: Callable[[], tuple] | None = None) -> None:
+        self._new_handle = new_handle or torch.cuda.graph_pool_handle
+        self.handle: tuple | None = None
+        self.live = 0  # graphs captured into `handle` and not yet freed
+
+    def for_capture(self) -> tuple:
+        """The handle to capture into (a new pool if the current one holds no live graph)."""
+        if self.handle is None or self.live == 0:
+            self.handle = self._new_handle()
+        return self.handle
+
+    def captured(self, graph: object) -> None:
+        """Counts a graph captured into the current handle until it is freed (a new handle is
+        taken only with none alive, so every live graph is in the current one)."""
+        self.live += 1
+        weakref.finalize(graph, self._freed)
+
+    def _freed(self) -> None:
+        self.live -= 1
+
+
+def kept_pool(runner, kind: str) -> GraphPool | None:
     """One memory pool for the runner's graphs of `kind` (None off CUDA): graphs that each read
     their outputs before another of them replays can share it, so what each adds is its outputs,
     not a pool of its own for its intermediates."""
     if not runner.uses_graphs:
         return None
-    return runner.kept(f"{kind} graph pool", None, 1, torch.cuda.graph_pool_handle)
-
-
-def forget_pool(runner, kind: str) -> None:
-    """Lets go of the runner's pool of `kind` once every graph captured into it is dropped. Such a
-    pool lives only through its graphs: with none left the allocator keeps it with no user, and a
-    capture into it fails an internal assert ("use_count > 0") and runs eagerly. The next capture
-    then takes a new pool. (A torch.cuda.MemPool holding a use of its own is no way out on torch
-    2.11: a capture also records its pinned host allocations under the pool's id, and the host
-    allocator, which the MemPool does not count, fails the same assert.)"""
-    runner.kept_items(f"{kind} graph pool").clear()
+    return runner.kept(f"{kind} graph pool", None, 1, GraphPool)

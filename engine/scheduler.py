@@ -39,7 +39,6 @@ import dataclasses
 import itertools
 import logging
 import queue
-import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -106,12 +105,13 @@ class RecentSeconds:
         self._by_count.setdefault(count, collections.deque(maxlen=self.kept)).append(seconds)
 
     def expected(self, count: int) -> float:
-        """The median of the recent runs of the nearest count (a median: the first run of a count
-        may hold a graph capture); 0 before any run."""
+        """The shortest of the recent runs of the nearest count (the first run of a count often
+        holds a graph capture, so an average would hold newcomers far too long early on); 0
+        before any run."""
         if not self._by_count:
             return 0.0
         nearest = min(self._by_count, key=lambda c: (abs(c - count), c))
-        return statistics.median(self._by_count[nearest])
+        return min(self._by_count[nearest])
 
 
 class QueueFull(RuntimeError):

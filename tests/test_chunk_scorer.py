@@ -268,36 +268,6 @@ def test_staged_scoring_passes_serve_any_document(engines, family, monkeypatch):
                                atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("captured", [False, True])
-def test_a_replaced_staging_lets_go_of_a_pool_with_no_graph_left(engines, monkeypatch, captured):
-    """A pool lives only through the graphs captured into it (test_gpu.py): when a grown staging
-    drops every pass over the old one and no captured pass is left (here a pass over another
-    chunk size's staging, captured or not), the next passes take a new pool; while a captured pass
-    is left, the pool is kept."""
-    from engine.cuda_graphs import GraphedCall
-    from engine.method import chunk_scorer
-
-    monkeypatch.setattr(Runner, "uses_graphs", property(lambda self: True))
-    monkeypatch.setattr(chunk_scorer, "kept_pool",
-                        lambda runner, kind: runner.kept(f"{kind} graph pool", None, 1, object))
-    monkeypatch.setattr(chunk_scorer, "GraphedCall",
-                        lambda fn, use_graph, what, pool: GraphedCall(fn, False, what, pool))
-    monkeypatch.setattr(chunk_scorer.StagedScoringPass, "captured", property(lambda self: captured))
-    runner = Runner(engines["llada"].model, ATTN)
-    docs = [prefill_document(runner, doc_ids(n, 60, seed=n), chunk_size=16) for n in (20, 5 * 16 - 7)]
-    rows = scoring_rows(doc_ids(11, 60, seed=6).tolist(), (1, 9), None, 4, runner.cfg.logits_shifted)
-    params = ScoringParams(scorer="self_information", llada_folds=3)
-    params = dataclasses.replace(params, max_rows=4 * chunk_scorer.question_layout(runner, rows, params).shape[0])
-    other = prefill_document(runner, doc_ids(24, 60, seed=3), chunk_size=8)
-    score_document(runner, other, rows, params)  # another geometry's staging: its pass stays
-    (kept,) = runner.kept_items("scoring").values()
-    score_document(runner, docs[0], rows, params)  # a pass of 2 over a staging of 2
-    score_document(runner, docs[1], rows, params)  # the staging grows to 4: the pass of 2 is dropped
-    later = [p for p in runner.kept_items("scoring").values() if p is not kept]
-    assert sorted(p.b for p in later) == [1, 4]
-    assert all((p._call.pool is kept._call.pool) == captured for p in later)
-
-
 def test_eager_scoring_passes_keep_nothing(engines):
     """Without graphs each question's passes read the document's KV in place and nothing is kept."""
     runner = Runner(engines["llada"].model, ATTN)

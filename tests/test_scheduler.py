@@ -620,22 +620,26 @@ def test_newcomers_are_gathered_until_their_waits_cover_the_stall_they_cause():
     assert gathered_enough([0.0], decoding=3, preparation_s=0.0, places=8)  # no measured cost yet
 
 
-def test_recent_seconds_are_the_median_of_the_nearest_count():
+def test_recent_seconds_are_the_shortest_of_the_nearest_count():
     times = RecentSeconds(kept=3)
     assert times.expected(4) == 0.0  # nothing run yet
-    for seconds in (0.9, 0.1, 0.2):  # the first run held a graph capture
+    for seconds in (0.9, 0.2, 0.3):  # the first run held a graph capture
         times.record(1, seconds)
     assert times.expected(1) == 0.2
-    times.record(1, 0.3)  # the oldest (0.9) is dropped
-    assert times.expected(1) == 0.2
+    times.record(1, 0.4)
+    times.record(1, 0.5)  # 0.9 and 0.2 dropped: the last three are all slower now
+    assert times.expected(1) == 0.3
     times.record(5, 0.5)
-    assert times.expected(2) == 0.2 and times.expected(4) == 0.5 and times.expected(3) == 0.2  # a tie: the fewer
+    assert times.expected(2) == 0.3 and times.expected(4) == 0.5 and times.expected(3) == 0.3  # a tie: the fewer
     assert times.expected(16) == 0.5
 
 
-def test_a_gathered_newcomer_joins_while_the_first_still_decodes(engines):
-    """A question that arrives while another decodes is gathered, not left until the batch
-    empties: it starts decoding before the long first question ends, and both answer as alone."""
+@pytest.mark.parametrize("preparation_s", [0.0, 1e6])
+def test_a_newcomer_is_held_while_its_wait_is_short_of_the_stall_it_causes(engines, monkeypatch, preparation_s):
+    """A question arriving while another decodes: with a preparation expected to cost nothing it
+    joins the batch at once; with one expected to cost more than any wait it is held until the
+    first is done (nothing decoding: taken at once). Both answer as alone either way."""
+    monkeypatch.setattr(RecentSeconds, "expected", lambda self, count: preparation_s)
     engine = engines["llada"]
     docs = _documents(engine, 2)
     asks = [(docs[0], "What is the code of pier 4?", _params(gen_length=64, block_length=8)),
@@ -649,8 +653,7 @@ def test_a_gathered_newcomer_joins_while_the_first_still_decodes(engines):
         first_events += list(first)
     finally:
         scheduler.close()
-    # The second ended before the first's last step was taken: the first was still at work.
     assert sum(isinstance(e, DecodeStep) for e in first_events) == 64
-    assert max(scheduler.batch_sizes) == 2
+    assert max(scheduler.batch_sizes) == (2 if preparation_s == 0.0 else 1)  # shared steps, or none
     for a, b in zip(alone, [first_events[-1], second_events[-1]], strict=True):
         assert isinstance(b, AnswerResult) and b.answer_ids == a.answer_ids

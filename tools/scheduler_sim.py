@@ -12,8 +12,9 @@ shape, 32K documents, M = 8 candidates (docs/PERFORMANCE.md, 2026-12-06):
     decode step     7.1 ms at one row, + 0.59 ms a row
 
 An answer is `--steps` steps; a question joins the batch once prepared and leaves after its last
-step. It models the GPU as one queue of work (no overlap of preparation and steps), and neither
-loads nor block boundaries. It is a guide to the policy, not a measurement: the bench
+step; as in the scheduler's loop, every preparation is followed by a step of the questions
+decoding. It models the GPU as one queue of work (no overlap of preparation and steps), and
+neither loads nor block boundaries. It is a guide to the policy, not a measurement: the bench
 (`docqa-tools bench --concurrency N`) measures.
 
     python -m tools.scheduler_sim --rates 4 10 16 21
@@ -81,18 +82,18 @@ def simulate(costs: Costs, rate_per_s: float, gather: bool, steps: int = 16, que
         taken = waiting[:max(0, places)]
         ready = bool(taken) and (not gather or gathered_enough(
             [(now - a) / 1000.0 for a in taken], len(decoding), costs.preparation_ms(len(taken)) / 1000.0, places))
-        if ready:
+        if ready:  # as the scheduler's loop: a preparation, then a step of all decoding
             now += costs.preparation_ms(len(taken))
             prepared_together.append(len(taken))
             decoding += [[a, steps] for a in taken]
             waiting = waiting[len(taken):]
-        elif decoding:
+        if decoding:
             now += costs.step(len(decoding))
             for question in decoding:
                 question[1] -= 1
             latencies += [now - a for a, left in decoding if left == 0]
             decoding = [q for q in decoding if q[1] > 0]
-        else:
+        elif not ready:
             now = max(now, arrivals[next_arrival])
     kept = sorted(latencies[warmup:])
     return Latencies(statistics.median(kept), kept[int(0.95 * (len(kept) - 1))],

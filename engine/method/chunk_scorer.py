@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from engine.attention import dense_mask, full_mask
-from engine.cuda_graphs import ANSWER_GRAPHS, GraphedCall, forget_pool, kept_pool
+from engine.cuda_graphs import ANSWER_GRAPHS, GraphedCall, kept_pool
 from engine.decode.sampling import propose
 from engine.method.kv_cache import DocumentKV
 from engine.method.scoring import (
@@ -386,10 +386,6 @@ class StagedScoringPass:
         return self.inputs.forward(self.runner, [(keys[layer, :b], values[layer, :b])
                                                  for layer in range(keys.shape[0])])
 
-    @property
-    def captured(self) -> bool:
-        return self._call.graph is not None
-
     def __call__(self, doc: DocumentKV, start: int, end: int, layout: ScoringLayout
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         n = end - start
@@ -632,11 +628,8 @@ def kept_staged_pass(runner: Runner, doc: DocumentKV, b: int, shape: tuple[int, 
     staging = runner.kept("scoring staging", geometry, MAX_STAGINGS, lambda: found, fits=lambda kept: kept is found)
     live = {id(s) for s in runner.kept_items("scoring staging").values()}
     passes = runner.kept_items("scoring")
-    stale = [key for key, p in passes.items() if id(p.staging) not in live]
-    for key in stale:
+    for key in [key for key, p in passes.items() if id(p.staging) not in live]:
         del passes[key]
-    if stale and not any(p.captured for p in passes.values()):
-        forget_pool(runner, "scoring")  # no graph left in it: the next capture takes a new pool
 
     def make() -> StagedScoringPass:
         # The scoring graphs share one memory pool: each one's outputs are read before the next replays.

@@ -377,8 +377,8 @@ class AnswerScheduler:
     def _gathered(self) -> bool:
         """Whether the waiting newcomers are taken off the queue now (the caller holds `_wake`):
         see `gathered_enough`."""
-        if not self.gather or not self._active:
-            return True
+        if not self.gather or not self._active or not self._waiting:
+            return True  # (nobody waiting: nothing is taken, and no estimate is worth making each step)
         places = min(self.max_batch - len(self._active), self.max_prepare) - len(self._admitting)
         waiting = list(itertools.islice(self._waiting, max(0, places)))
         now, count = time.perf_counter(), len(waiting)

@@ -20,6 +20,8 @@ from tokenizers import Tokenizer
 
 from app.defaults import BUNDLED_MODEL
 from engine.method.sentences import sentence_starts, split_sentences
+from engine.model.config import ModelConfig
+from engine.model.transformer import DiffusionLM
 from engine.model.weights import load_model, read_model_config
 from tools import ruler
 from tools.evaluation import EvalRow, heatmap, summarize
@@ -477,7 +479,6 @@ def test_pooling_kv_heads_keeps_the_function_when_grouped_heads_agree():
     """GQA conversion: where the KV heads of a group are equal, their mean is each of them, so the
     pooled model (fewer KV heads) computes what the original did; where they differ it does not."""
     from engine.attention import BACKENDS, dense_mask
-    from engine.model.transformer import DiffusionLM
     from training.train import pool_kv_heads
 
     cfg = dataclasses.replace(model_config(TOK, num_layers=2, hidden_size=384, num_kv_heads=6),
@@ -777,3 +778,24 @@ def test_hotpot_near_misses_ask_over_the_distractors_alone():
     everywhere = _corpus() | {"qa": [{"question": "Which kind of place?", "answer": "town", "gold": [3],
                                       "paragraphs": [3, 4, 5]}]}
     assert all(answer == "town" for answer, _ in answers(everywhere, 1.0))
+
+
+def test_export_keeps_the_folders_training_notes_only_for_the_same_lineage(tmp_path):
+    """A run continuing the folder's weights keeps their notes; a fresh model exported into a copy
+    of another model's folder drops that model's (they would describe other weights)."""
+    from training.train import export
+
+    cfg = ModelConfig(family="llada", vocab_size=32, hidden_size=64, intermediate_size=96, num_layers=1,
+                      num_heads=1, num_kv_heads=1, head_dim=64, rms_norm_eps=1e-5, rope_theta=10000.0,
+                      max_position_embeddings=64, mask_token_id=2, bos_token_id=0, eos_token_id=1)
+    model = DiffusionLM(cfg)
+    first = {"steps": 10, "seed": 1}
+    (tmp_path / "docqa.json").write_text(json.dumps({"chunk_size": 64, "weak_score": -2.0, "training": {
+        "machine": "one H200", "runs": [first]}}))
+    export(model, cfg, tmp_path, [first, {"steps": 20, "seed": 1}])
+    kept = json.loads((tmp_path / "docqa.json").read_text())
+    assert kept["training"]["machine"] == "one H200" and len(kept["training"]["runs"]) == 2
+    assert kept["chunk_size"] == 64 and kept["weak_score"] == -2.0  # people's settings stay either way
+    export(model, cfg, tmp_path, [{"steps": 5, "seed": 9}])
+    fresh = json.loads((tmp_path / "docqa.json").read_text())
+    assert fresh["training"] == {"runs": [{"steps": 5, "seed": 9}]} and fresh["weak_score"] == -2.0

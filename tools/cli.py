@@ -80,6 +80,15 @@ def _build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--device", default=None)
     pr.add_argument("--out", type=Path, default=Path("probe-reading-out"))
 
+    pn = sub.add_parser("probe-denoising", help="the PDFs' text with a share of each chunk's tokens masked, "
+                                                "predicted in one forward: how well the model knows held-out prose")
+    pn.add_argument("--model", type=Path, default=BUNDLED_MODEL)
+    pn.add_argument("--sources", nargs="+", default=None, help="only these sources (default: every eval-pdfs source)")
+    pn.add_argument("--windows", type=positive(int), default=48, help="chunk-sized windows drawn per source")
+    pn.add_argument("--seed", type=int, default=0, help="draws the windows and their masked tokens")
+    pn.add_argument("--device", default=None)
+    pn.add_argument("--out", type=Path, default=Path("probe-denoising-out"))
+
     bn = sub.add_parser("bench", help="KV modes side by side on random-weight models at real shapes")
     bn.add_argument("--shape", choices=("dream-7b", "llada-8b", "tiny"), default="dream-7b")
     bn.add_argument("--contexts", type=int, nargs="+", default=[8192, 16384, 32768, 65536, 131072])
@@ -217,6 +226,17 @@ def _cmd_probe_reading(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_probe_denoising(args: argparse.Namespace) -> int:
+    from tools import denoising_probe
+    from tools.pdf_questions import SOURCES
+
+    rows = denoising_probe.probe(args.model, args.sources or list(SOURCES), windows_per_source=args.windows,
+                                 seed=args.seed, device=args.device)
+    denoising_probe.write(rows, args.out)
+    print(denoising_probe.summarize(rows))
+    return EXIT_OK
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
@@ -299,7 +319,7 @@ def _cmd_prefill_distributed(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"eval": _cmd_eval, "eval-data": _cmd_eval_data, "eval-pdfs": _cmd_eval_pdfs,
-            "probe-reading": _cmd_probe_reading, "bench": _cmd_bench,
+            "probe-reading": _cmd_probe_reading, "probe-denoising": _cmd_probe_denoising, "bench": _cmd_bench,
             "make-random-model": _cmd_make_random_model, "prefill-distributed": _cmd_prefill_distributed,
             "replicas-config": _cmd_replicas_config}
 

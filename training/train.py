@@ -197,6 +197,9 @@ def export(model: DiffusionLM, cfg: ModelConfig, model_dir: Path, runs: list[dic
     defaults = {"chunk_size": CHUNK_SIZE, "top_k": 4, "scorer": "self_information", "llada_folds": 4,
                 "gen_length": ANSWER_LEN, "block_length": 32, "decoder": "threshold", "threshold": 0.9}
     training = dict(existing.get("training", {}))
+    earlier = training.get("runs", [])
+    if earlier != runs[:len(earlier)]:  # other weights' lineage (a fresh model in a copied folder):
+        training = {}  # its notes (machine, command, parameters) describe those weights, not these
     training["runs"] = runs
     merged = {**defaults, **{k: v for k, v in existing.items() if k != "training"}, "training": training}
     path.write_text(json.dumps(merged, indent=2))

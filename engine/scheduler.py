@@ -154,12 +154,13 @@ class FairTurns:
 
 
 _DONE = object()
-# A question's documents, or what loads them once the question is taken off the queue: a loader
-# keeps the KV of questions still waiting off the device, so its memory grows with `max_prepare`,
-# not the queue. A loader runs on a loader thread, so a slow one (a disk read, a prefill) never
-# pauses the decoding questions; it may return the KV in host memory (the scheduler copies it to the
-# device). Its GPU work runs on the scheduler's copy stream, beside the steps; the graph captures
-# are thread-local (engine.cuda_graphs), so work on another thread cannot void them.
+# A question's documents, or what loads them once the question is taken off the queue (or held
+# there for the next gathering): a loader keeps the KV of the questions waiting further back off
+# the device, so its memory grows with `max_prepare`, not the queue. A loader runs on a loader
+# thread, so a slow one (a disk read, a prefill) never pauses the decoding questions; it may return
+# the KV in host memory (the scheduler copies it to the device). Its GPU work runs on the
+# scheduler's copy stream, beside the steps; the graph captures are thread-local
+# (engine.cuda_graphs), so work on another thread cannot void them.
 Documents = Sequence[DocumentKV] | Callable[[], Sequence[DocumentKV]]
 LOADER_THREADS = 2  # one question's host gather and copy overlap another's
 
@@ -331,7 +332,8 @@ class AnswerScheduler:
             self._loader.shutdown(wait=False, cancel_futures=True)
             # (A question already answered ignores the extra event: its asker stopped at _DONE.)
             taken = [submitted for submitted, _ in self._admitting + self._preparing]
-            taken += [s for s in list(self._to_load) + list(self._loads) if not any(s is t for t in taken)]
+            taken += [s for s in list(self._to_load) + list(self._loads)
+                      if not any(s is t for t in taken + list(self._waiting))]
             for submitted in [a.submitted for a in self._active] + list(self._waiting) + taken:
                 submitted.handle._events.put(stopped)
             raise
@@ -347,6 +349,9 @@ class AnswerScheduler:
                 for submitted in [w for w in self._waiting if w.handle._cancelled.is_set()]:
                     self._waiting.remove(submitted)  # its asker left while it waited: it never runs
                     self._pending -= 1
+                    load = self._loads.pop(submitted, None)  # (one started while it was held)
+                    if load is not None:
+                        load.cancel()
                     submitted.handle._events.put(_DONE)
                 newcomers = self._take_waiting(self.max_batch) if self._gathered() else []
             while newcomers:
@@ -374,12 +379,16 @@ class AnswerScheduler:
             submitted.handle._events.put(SchedulerStopped("the server is stopping"))
         self._loader.shutdown(wait=False, cancel_futures=True)
 
+    def _held_places(self) -> int:
+        """How many waiting questions the next gathering takes off the queue (the caller holds `_wake`)."""
+        return min(self.max_batch - len(self._active), self.max_prepare) - len(self._admitting)
+
     def _gathered(self) -> bool:
         """Whether the waiting newcomers are taken off the queue now (the caller holds `_wake`):
         see `gathered_enough`."""
         if not self.gather or not self._active or not self._waiting:
             return True  # (nobody waiting: nothing is taken, and no estimate is worth making each step)
-        places = min(self.max_batch - len(self._active), self.max_prepare) - len(self._admitting)
+        places = self._held_places()
         waiting = list(itertools.islice(self._waiting, max(0, places)))
         now, count = time.perf_counter(), len(waiting)
         expected = self._draft_times.expected(count) + self._preparation_times.expected(count)
@@ -403,14 +412,23 @@ class AnswerScheduler:
         return loaded if self._active or len(loaded) == len(head) else []
 
     def _start_loads(self) -> None:
-        """Starts loading the documents of questions taken off the queue, in order, while fewer than
-        max_prepare are loading or loaded and not yet prepared."""
-        while self._to_load and len(self._loads) < self.max_prepare and not self._closed:
+        """Starts loading the documents of questions taken off the queue, in order, then of those
+        held on it that the next gathering takes (`_held_places`), while fewer than max_prepare are
+        loading or loaded and not yet prepared. A held question's load overlaps its wait, so a
+        document in host memory is on the device by the time the question is taken."""
+        with self._wake:  # (askers append to the queue)
+            held = [w for w in itertools.islice(self._waiting, max(0, self._held_places()))
+                    if w not in self._loads and not w.handle._cancelled.is_set()]
+        for submitted in [*self._to_load, *held]:
+            if len(self._loads) >= self.max_prepare or self._closed:
+                return
             try:
-                future = self._loader.submit(self._load, self._to_load[0])
+                future = self._loader.submit(self._load, submitted)
             except RuntimeError:  # the loaders were shut down: the server is stopping
                 return
-            self._loads[self._to_load.popleft()] = future
+            if self._to_load and self._to_load[0] is submitted:
+                self._to_load.popleft()
+            self._loads[submitted] = future
             future.add_done_callback(lambda _: self._notify())
 
     def _notify(self) -> None:
@@ -451,7 +469,7 @@ class AnswerScheduler:
         room and fewer than `admitted` are being admitted."""
         room = min(self.max_batch - len(self._active), admitted) - len(self._admitting)
         taken = [self._waiting.popleft() for _ in range(max(0, min(room, len(self._waiting))))]
-        self._to_load.extend(taken)
+        self._to_load.extend(t for t in taken if t not in self._loads)  # (not one loaded while held)
         return taken
 
     def _draft(self, newcomers: list[_Submitted]) -> None:

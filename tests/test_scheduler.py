@@ -657,3 +657,49 @@ def test_a_newcomer_is_held_while_its_wait_is_short_of_the_stall_it_causes(engin
     assert max(scheduler.batch_sizes) == (2 if preparation_s == 0.0 else 1)  # shared steps, or none
     for a, b in zip(alone, [first_events[-1], second_events[-1]], strict=True):
         assert isinstance(b, AnswerResult) and b.answer_ids == a.answer_ids
+
+
+def test_a_held_newcomers_documents_load_while_it_waits(engines, monkeypatch):
+    """Newcomers held on the queue while another question decodes have their documents loaded
+    meanwhile (on a loader thread, within max_prepare), so a document in host memory is ready when
+    they are taken; one whose asker leaves while held ends with nothing and frees its load. The
+    answers are those of the questions alone."""
+    monkeypatch.setattr(RecentSeconds, "expected", lambda self, count: 1e6)  # held while any decodes
+    engine = engines["llada"]
+    docs = _documents(engine, 2)
+    asks = [(docs[0], "What is the code of pier 4?", _params(gen_length=64, block_length=8)),
+            (docs[1], "Who keeps the key?", _params(gen_length=8))]
+    alone = [engine.answer(doc, q, p) for doc, q, p in asks]
+    waiting_at_load, gate = [], threading.Event()
+    # (three places: two waiting do not fill them, so they stay held while the first decodes)
+    scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=4, max_prepare=3)
+
+    def loader():
+        waiting_at_load.append(scheduler.load()[1])  # questions still on the queue as it loads
+        return [docs[1]]
+
+    def gated_loader():
+        gate.wait(60)
+        return [docs[1]]
+
+    try:
+        first = iter(scheduler.submit([docs[0]], asks[0][1], asks[0][2]))
+        first_events = [next(first)]  # decoding
+        second = scheduler.submit(loader, asks[1][1], asks[1][2])
+        left = scheduler.submit(gated_loader, "When?", _params(gen_length=8))
+        for _ in range(100):
+            if waiting_at_load:
+                break
+            threading.Event().wait(0.01)
+        left.cancel()
+        gate.set()
+        first_events += list(first)
+        second_events = list(second)
+        assert list(left) == []
+    finally:
+        scheduler.close()
+    assert waiting_at_load[0] >= 1  # loaded while held (taken first, it would find the queue empty)
+    assert max(scheduler.batch_sizes) == 1  # held: never decoded beside the first
+    assert not scheduler._loads and scheduler._pending == 0
+    for a, b in zip(alone, [first_events[-1], second_events[-1]], strict=True):
+        assert isinstance(b, AnswerResult) and b.answer_ids == a.answer_ids

@@ -355,7 +355,7 @@ class AnswerScheduler:
                     submitted.handle._events.put(_DONE)
                 newcomers = self._take_waiting(self.max_batch) if self._gathered() else []
             while newcomers:
-                self._start_loads()
+                self._start_loads(held=False)
                 self._draft(newcomers)
                 # Those who arrived during the draft are drafted too before the preparation, so a
                 # burst is prepared in one set of shared passes, not split at its first arrivals.
@@ -411,15 +411,19 @@ class AnswerScheduler:
                   or (a[0] in self._loads and self._loads[a[0]].done())]
         return loaded if self._active or len(loaded) == len(head) else []
 
-    def _start_loads(self) -> None:
-        """Starts loading the documents of questions taken off the queue, in order, then of those
-        held on it that the next gathering takes (`_held_places`), while fewer than max_prepare are
-        loading or loaded and not yet prepared. A held question's load overlaps its wait, so a
-        document in host memory is on the device by the time the question is taken."""
-        with self._wake:  # (askers append to the queue)
-            held = [w for w in itertools.islice(self._waiting, max(0, self._held_places()))
-                    if w not in self._loads and not w.handle._cancelled.is_set()]
-        for submitted in [*self._to_load, *held]:
+    def _start_loads(self, held: bool = True) -> None:
+        """Starts loading the documents of questions taken off the queue, in order, then (`held`)
+        of those held on it that the next gathering takes (`_held_places`), while fewer than
+        max_prepare are loading or loaded and not yet prepared. A held question's load overlaps its
+        wait, so a document in host memory is on the device by the time the question is taken.
+        (Not `held` while questions just taken are being drafted: not yet in `_admitting`, they
+        would be counted as free places.)"""
+        waiting = []
+        if held:
+            with self._wake:  # (askers append to the queue)
+                waiting = [w for w in itertools.islice(self._waiting, max(0, self._held_places()))
+                           if w not in self._loads and not w.handle._cancelled.is_set()]
+        for submitted in [*self._to_load, *waiting]:
             if len(self._loads) >= self.max_prepare or self._closed:
                 return
             try:

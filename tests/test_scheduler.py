@@ -670,27 +670,32 @@ def test_a_held_newcomers_documents_load_while_it_waits(engines, monkeypatch):
     asks = [(docs[0], "What is the code of pier 4?", _params(gen_length=64, block_length=8)),
             (docs[1], "Who keeps the key?", _params(gen_length=8))]
     alone = [engine.answer(doc, q, p) for doc, q, p in asks]
-    waiting_at_load, gate = [], threading.Event()
+    waiting_at_load, waited = [], []
+    gate, both_asked, loaded = threading.Event(), threading.Event(), threading.Event()
     # (three places: two waiting do not fill them, so they stay held while the first decodes)
     scheduler = AnswerScheduler(engine.runner, engine.tokenizer, max_batch=4, max_prepare=3)
 
     def loader():
         waiting_at_load.append(scheduler.load()[1])  # questions still on the queue as it loads
+        loaded.set()
         return [docs[1]]
+
+    def first_waits_for_the_load():  # on the scheduler's thread: the first cannot end before the load
+        if both_asked.is_set() and not waited:
+            waited.append(loaded.wait(30))  # (once: without early loads the test fails, not hangs)
 
     def gated_loader():
         gate.wait(60)
         return [docs[1]]
 
     try:
-        first = iter(scheduler.submit([docs[0]], asks[0][1], asks[0][2]))
+        first = iter(scheduler.submit([docs[0]], asks[0][1], asks[0][2],
+                                      interrupt_check=first_waits_for_the_load))
         first_events = [next(first)]  # decoding
         second = scheduler.submit(loader, asks[1][1], asks[1][2])
         left = scheduler.submit(gated_loader, "When?", _params(gen_length=8))
-        for _ in range(100):
-            if waiting_at_load:
-                break
-            threading.Event().wait(0.01)
+        both_asked.set()
+        assert loaded.wait(30)
         left.cancel()
         gate.set()
         first_events += list(first)
@@ -698,7 +703,8 @@ def test_a_held_newcomers_documents_load_while_it_waits(engines, monkeypatch):
         assert list(left) == []
     finally:
         scheduler.close()
-    assert waiting_at_load[0] >= 1  # loaded while held (taken first, it would find the queue empty)
+    # Loaded while held (taken first, it would find the queue empty), and once only.
+    assert len(waiting_at_load) == 1 and waiting_at_load[0] >= 1
     assert max(scheduler.batch_sizes) == 1  # held: never decoded beside the first
     assert not scheduler._loads and scheduler._pending == 0
     for a, b in zip(alone, [first_events[-1], second_events[-1]], strict=True):

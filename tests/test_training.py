@@ -789,7 +789,7 @@ def test_export_keeps_the_folders_training_notes_only_for_the_same_lineage(tmp_p
                       num_heads=1, num_kv_heads=1, head_dim=64, rms_norm_eps=1e-5, rope_theta=10000.0,
                       max_position_embeddings=64, mask_token_id=2, bos_token_id=0, eos_token_id=1)
     model = DiffusionLM(cfg)
-    first = {"steps": 10, "seed": 1}
+    first = {"steps": 10, "seed": 1, "curriculum": [(0.0, [1])]}  # tuples, as a resumed checkpoint holds them
     (tmp_path / "docqa.json").write_text(json.dumps({"chunk_size": 64, "weak_score": -2.0, "training": {
         "machine": "one H200", "runs": [first]}}))
     export(model, cfg, tmp_path, [first, {"steps": 20, "seed": 1}])

@@ -76,6 +76,8 @@ def denoise(engine, windows: torch.Tensor, masked: torch.Tensor, batch: int = BA
         ids, where = windows[i:i + batch], masked[i:i + batch]
         noisy = torch.where(where, torch.full_like(ids, mask_id), ids)
         logits = engine.logits(noisy).float().cpu()  # [B, C, V]
+        if engine.config.logits_shifted:  # (Dream: row i predicts token i + 1; row 0 is BOS, never masked)
+            logits = logits.roll(1, dims=1)
         picked, truth = logits[where], ids[where]  # [masked, V], [masked]
         total += len(truth)
         right += int((picked.argmax(-1) == truth).sum())

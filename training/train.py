@@ -196,6 +196,7 @@ def export(model: DiffusionLM, cfg: ModelConfig, model_dir: Path, runs: list[dic
     existing = json.loads(path.read_text()) if path.exists() else {}
     defaults = {"chunk_size": CHUNK_SIZE, "top_k": 4, "scorer": "self_information", "llada_folds": 4,
                 "gen_length": ANSWER_LEN, "block_length": 32, "decoder": "threshold", "threshold": 0.9}
+    runs = json.loads(json.dumps(runs))  # as docqa.json holds them (a run's tuples read back as lists)
     training = dict(existing.get("training", {}))
     earlier = training.get("runs", [])
     if earlier != runs[:len(earlier)]:  # other weights' lineage (a fresh model in a copied folder):

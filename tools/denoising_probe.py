@@ -73,12 +73,12 @@ def denoise(engine, windows: torch.Tensor, masked: torch.Tensor, batch: int = BA
     total = right = 0
     ce_sum = 0.0
     for i in range(0, len(windows), batch):
-        ids, where = windows[i:i + batch], masked[i:i + batch]
+        ids, where = windows[i:i + batch].to(engine.device), masked[i:i + batch].to(engine.device)
         noisy = torch.where(where, torch.full_like(ids, mask_id), ids)
-        logits = engine.logits(noisy).float().cpu()  # [B, C, V]
+        logits = engine.logits(noisy)  # [B, C, V], on the device: only the masked rows leave it
         if engine.config.logits_shifted:  # (Dream: row i predicts token i + 1; row 0 is BOS, never masked)
             logits = logits.roll(1, dims=1)
-        picked, truth = logits[where], ids[where]  # [masked, V], [masked]
+        picked, truth = logits[where].float(), ids[where]  # [masked, V], [masked]
         total += len(truth)
         right += int((picked.argmax(-1) == truth).sum())
         ce_sum += float(F.cross_entropy(picked, truth, reduction="sum"))

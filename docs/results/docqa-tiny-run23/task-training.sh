@@ -1,6 +1,8 @@
 #!/bin/bash
-# Task training from the pretrained weights (issue 20's second stage): run 13's mix plus text_mdm
-# (keeps the language) and parsed_qa, the whole K curriculum over TOTAL minutes; MIN this call.
+# Run 23: task training from the pretrained weights (issue 20's second stage): run 13's mix plus
+# text_mdm (keeps the language) and parsed_qa, the whole K curriculum over TOTAL minutes; MIN this call.
+# Ran 2026-12-06 on one H100 80GB as three calls on one warm machine: `MIN=7.5 TOTAL=23`, then
+# `RESUME=1 MIN=8 TOTAL=23`, then `RESUME=1 MIN=7.5 TOTAL=23` (18,897 steps; train-log.json holds the whole curve).
 # Carry: .whl .device-jobs .device-data/tasks-corpus.pt.xz .device-data/init (the pretrained
 # weights in int8, scripts/quantize_weights.py), with models/docqa-tiny/*.safetensors deleted from
 # the working tree for the calls (`git checkout models/docqa-tiny` after): 64.7 MB in all.

@@ -7,6 +7,7 @@ indexing, masking and merging; the bf16 tensor-core path is checked on CUDA (mar
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import pytest
@@ -219,16 +220,16 @@ def test_second_question_reuses_the_paged_buffers(family, device):
     first = QuestionPrompt(prefix_ids=[0, 9, 10], query_ids=list(range(20, 45)), question_span=(2, 20))
     second = QuestionPrompt(prefix_ids=[0, 9, 10], query_ids=list(range(100, 127)), question_span=(2, 22))
     query_passes = runner.kept_items("paged query pass")
+    answer = functools.partial(_answer, gen_length=8)
     for budget in (0, 9):
-        _answer(runner, doc, first, static_layout="paged", token_budget=budget, gen_length=8)
+        answer(runner, doc, first, static_layout="paged", token_budget=budget)
         context = _paged_context(runner)
         assert context is not None and context.layers[0].kv.k_pages.numel() == 0  # released
         query_pass = query_passes[32]  # 25 question rows, padded to 32
-        reused, r_steps = _answer(runner, doc, second, static_layout="paged", token_budget=budget, gen_length=8)
+        reused, r_steps = answer(runner, doc, second, static_layout="paged", token_budget=budget)
         assert _paged_context(runner) is context  # same layout (the tail rounds up to 128 rows): buffers reused
         assert query_passes[32] is query_pass  # 27 rows: the same padded pass (and graph)
-        fresh, f_steps = _answer(_fresh(runner), doc, second, static_layout="contiguous", token_budget=budget,
-                                 gen_length=8)
+        fresh, f_steps = answer(_fresh(runner), doc, second, static_layout="contiguous", token_budget=budget)
         assert [(s.positions, s.tokens) for s in r_steps] == [(s.positions, s.tokens) for s in f_steps]
         torch.testing.assert_close(reused.trace.anchors_decode, fresh.trace.anchors_decode, atol=1e-5, rtol=1e-4)
     # Another document, then the first again: the kernel reads pages through the addresses the
@@ -236,9 +237,9 @@ def test_second_question_reuses_the_paged_buffers(family, device):
     # reads the pages' tensors, so there another document gets new buffers.
     other = prefill_document(runner, torch.randint(8, 512, (400,), generator=g).to(device), 37)
     for d in (other, doc):
-        reused, r_steps = _answer(runner, d, second, static_layout="paged", token_budget=9, gen_length=8)
+        reused, r_steps = answer(runner, d, second, static_layout="paged", token_budget=9)
         assert (_paged_context(runner) is context) == kernel_usable(device, runner.cfg.head_dim)
-        fresh, f_steps = _answer(_fresh(runner), d, second, static_layout="contiguous", token_budget=9, gen_length=8)
+        fresh, f_steps = answer(_fresh(runner), d, second, static_layout="contiguous", token_budget=9)
         assert [(s.positions, s.tokens) for s in r_steps] == [(s.positions, s.tokens) for s in f_steps]
         torch.testing.assert_close(reused.trace.anchors_decode, fresh.trace.anchors_decode, atol=1e-5, rtol=1e-4)
 

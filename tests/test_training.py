@@ -228,8 +228,8 @@ def test_data_parallel_training_run_and_resume(tmp_path):
     """Two processes (gloo on the CPU) train a small model from scratch: both take the same steps
     (a rank that stopped alone would leave the other waiting in an all-reduce: the timeout fails
     it), rank 0 alone exports. A second, single-process run resumes from the checkpoint and keeps
-    its architecture without being told it. docqa.json's run list is the weights' own lineage, not
-    what the folder held before (here the bundled model's runs)."""
+    its architecture and its first curriculum stage without being told them. docqa.json's run list
+    is the weights' own lineage, not what the folder held before (here the bundled model's runs)."""
     torch.save(_corpus(), tmp_path / "corpus.pt")
     model_dir = tmp_path / "model"
     model_dir.mkdir()
@@ -240,11 +240,11 @@ def test_data_parallel_training_run_and_resume(tmp_path):
               "--total-minutes", "1", "--batch-size", "2", "--workers", "0", "--checkpoint",
               str(tmp_path / "ckpt.pt"), "--log-file", str(tmp_path / "log.json")]
     first = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                            *common, "--layers", "2", "--hidden", "128", "--kv-heads", "1"],
+                            *common, "--layers", "2", "--hidden", "128", "--kv-heads", "1", "--start-stage", "2"],
                            env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     meta = json.loads((tmp_path / "log.json").read_text())["meta"]
-    assert meta["processes"] == 2 and meta["gpus"] == 0 and meta["steps"] > 0
+    assert meta["processes"] == 2 and meta["gpus"] == 0 and meta["steps"] > 0 and meta["start_stage"] == 2
     assert first.stdout.count("exported to") == 1  # rank 0 only
     assert read_model_config(model_dir).num_layers == 2
     assert json.loads((model_dir / "docqa.json").read_text())["training"]["runs"] == [meta]
@@ -252,7 +252,7 @@ def test_data_parallel_training_run_and_resume(tmp_path):
                             env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
     resumed = json.loads((tmp_path / "log.json").read_text())["meta"]
-    assert resumed["processes"] == 1 and resumed["steps"] > meta["steps"]
+    assert resumed["processes"] == 1 and resumed["steps"] > meta["steps"] and resumed["start_stage"] == 2
     cfg = read_model_config(model_dir)
     assert (cfg.num_layers, cfg.hidden_size, cfg.num_kv_heads) == (2, 128, 1)
     runs = json.loads((model_dir / "docqa.json").read_text())["training"]["runs"]

@@ -257,7 +257,8 @@ def main() -> None:
     ap.add_argument("--pool-kv-heads", type=int, default=None,
                     help="with --init-from: average the model's KV heads in groups down to this many "
                          "(grouped-query attention from a multi-head model), then train on")
-    ap.add_argument("--start-stage", type=int, default=0, help="first curriculum stage (with --init-from)")
+    ap.add_argument("--start-stage", type=int, default=None,
+                    help="first curriculum stage (with --init-from; a resumed run keeps its checkpoint's)")
     ap.add_argument("--task-weights", type=_weights, default=dict(TASK_WEIGHTS),
                     help="task draw weights, e.g. niah=12,kv_retrieval=2,hotpot=2,which_document=1")
     ap.add_argument("--niah-variant-weights", type=_weights, default=dict(NIAH_VARIANT_WEIGHTS),
@@ -314,9 +315,15 @@ def main() -> None:
         opt.load_state_dict(resumed["optimizer"])
         step, elapsed_before, curve = resumed["step"], resumed["elapsed"], resumed["curve"]
         earlier_runs = resumed.get("runs", [])
+    # A resumed call continues its run: the curriculum floor and the weights it started from are
+    # the checkpoint's, unless told otherwise (else a run begun at stage 3 falls back to the
+    # schedule's earlier stages for its middle stretch).
+    start_stage = args.start_stage if args.start_stage is not None else \
+        (resumed or {}).get("start_stage", 0)
+    init_from = str(args.init_from) if args.init_from else (resumed or {}).get("init_from")
     first_step = step
     total = 60 * (args.total_minutes or args.minutes)
-    stage = torch.multiprocessing.Value("i", 0)
+    stage = torch.multiprocessing.Value("i", start_stage)  # the workers draw before the first step
     # Each rank draws its own examples and masks: the seeds differ by rank (rank 0's are a
     # single-GPU run's, so one GPU reproduces the earlier runs).
     data_seed = args.seed + step + 1_000_003 * rank
@@ -349,7 +356,7 @@ def main() -> None:
         frac = elapsed / total
         if clock.item() > 60 * args.minutes or frac >= 1.0:
             break
-        stage.value = max(args.start_stage, max(i for i, (at, _) in enumerate(CURRICULUM) if frac >= at))
+        stage.value = max(start_stage, max(i for i, (at, _) in enumerate(CURRICULUM) if frac >= at))
         lr = args.lr * min(1.0, (step + 1) / 500) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
         for g in opt.param_groups:
             g["lr"] = lr
@@ -400,13 +407,14 @@ def main() -> None:
             "parameters": n_params, "chunk_size": CHUNK_SIZE, "curriculum": CURRICULUM,
             "task_weights": args.task_weights, "niah_variant_weights": args.niah_variant_weights,
             "multiquery_keys": args.multiquery_keys, "near_miss_share": args.near_miss_share,
-            "init_from": str(args.init_from) if args.init_from else None, "start_stage": args.start_stage,
+            "init_from": init_from, "start_stage": start_stage,
             "pool_kv_heads": args.pool_kv_heads,
             "lr": args.lr, "total_minutes": args.total_minutes}
     runs = [*earlier_runs, meta]
     args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "elapsed": elapsed,
-                "curve": curve, "config": dataclasses.asdict(cfg), "runs": runs}, args.checkpoint)
+                "curve": curve, "config": dataclasses.asdict(cfg), "runs": runs, "start_stage": start_stage,
+                "init_from": init_from}, args.checkpoint)
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         raise RuntimeError("training ended with non-finite weights; nothing exported")
     export(model, cfg, args.model_dir, runs)

@@ -1,7 +1,8 @@
 """Draws the bundled model's training curve from the run logs: loss and masked-token accuracy
 over the steps of all runs, one colour a run.
 
-    python -m training.plot_curve docs/results/docqa-tiny-train-run13.json --out models/docqa-tiny/loss_curve.png
+    python -m training.plot_curve docs/results/docqa-tiny-{pretrain-2026-12-06,run23,run24}/train-log.json \
+        --labels pretraining "run 23" "run 24" --out models/docqa-tiny/loss_curve.png
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ from pathlib import Path
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("logs", type=Path, nargs="+", help="run logs (training.train --log-file), in run order")
+    ap.add_argument("--labels", nargs="+", default=None, help="one a log (default: each file's name)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
+    if args.labels is not None and len(args.labels) != len(args.logs):
+        ap.error(f"{len(args.logs)} logs but {len(args.labels)} labels")
+    labels = args.labels or [path.stem.removeprefix("docqa-tiny-train-") for path in args.logs]
     import matplotlib
 
     matplotlib.use("Agg")
@@ -23,9 +28,9 @@ def main() -> None:
 
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 3.6))
     offset = 0
-    for path in args.logs:
+    for path, label in zip(args.logs, labels, strict=True):
         log = json.loads(path.read_text())
-        curve, label = log["curve"], path.stem.removeprefix("docqa-tiny-train-")
+        curve = log["curve"]
         steps = [offset + row["step"] for row in curve]
         loss_ax.plot(steps, [row["loss"] for row in curve], lw=0.8, label=label)
         acc_ax.plot(steps, [row["masked_acc"] for row in curve], lw=0.8, label=label)

@@ -6,7 +6,9 @@
 # Carry: .whl .device-jobs .device-data/tasks-corpus.pt.xz .device-data/init23 (branch
 # weights/run23-2026-12-06), with models/docqa-tiny/*.safetensors deleted from the working tree for
 # the calls (`git checkout models/docqa-tiny` after). RESUME=1 continues .train-ckpt/ft2.pt on the
-# same warm machine. Checked on this CPU for 0.3 min (batch 4): it starts, trains and exports.
+# same warm machine. Ran 2026-12-06 on one H100 80GB as MIN=7.5 TOTAL=22, then RESUME=1 MIN=7.5
+# TOTAL=22, then RESUME=1 MIN=7 TOTAL=22 (the resumed calls lost --start-stage 3 before the fix
+# in training/train.py; steps ~5,500-8,300 drew stage 2's chunk counts).
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD

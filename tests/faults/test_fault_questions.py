@@ -7,13 +7,15 @@ import contextlib
 import dataclasses
 import shutil
 import threading
+import time
 
 import pytest
 from faultkit import DOC_A, DOC_B, NEEDLE_Q
 
-from app.defaults import BUNDLED_MODEL
+from app.defaults import BUNDLED_MODEL, answer_params, model_defaults
 from app.service import QuestionStopped
 from engine.method.answer import AnswerResult
+from engine.scheduler import _DONE  # a handle's last event
 
 
 def _in_thread(fn, timeout: float = 300):
@@ -28,13 +30,22 @@ def _in_thread(fn, timeout: float = 300):
 
 @contextlib.contextmanager
 def _handles_submitted(service):
-    """The scheduler's handles of the questions `service` submits meanwhile."""
+    """The scheduler's handles of the questions `service` submits meanwhile, each with `sent`: every
+    event the scheduler puts for it, whoever takes it (the service's stream may take the last)."""
     handles = []
     submit = service.scheduler.submit
 
     def submitted(*args, **kw):
-        handles.append(submit(*args, **kw))
-        return handles[-1]
+        handle = submit(*args, **kw)
+        handle.sent, put = [], handle._events.put  # (before any answer: decoding comes after drafting)
+
+        def recorded(item, *a, **k):
+            handle.sent.append(item)
+            put(item, *a, **k)
+
+        handle._events.put = recorded
+        handles.append(handle)
+        return handle
 
     service.scheduler.submit = submitted
     try:
@@ -43,11 +54,16 @@ def _handles_submitted(service):
         del service.scheduler.submit  # the method again
 
 
-def _never_answered(handle) -> bool:
-    """What the scheduler still sends a stopped question: at most a step already under way, then
-    its end; had it run on, its answer would come (answering others proves nothing alone: they
-    may share its batch and finish first)."""
-    return not any(isinstance(e, AnswerResult) for e in _in_thread(lambda: list(handle)))
+def _never_answered(handle, timeout_s: float = 300) -> bool:
+    """Whether the scheduler ended a stopped question without its answer: it may still send a step
+    already under way, then its end (plain, or the asker's stop as an error); had it run on, its
+    answer would come (answering others proves nothing alone: they may share its batch and finish
+    first)."""
+    deadline = time.monotonic() + timeout_s
+    while not any(e is _DONE or isinstance(e, BaseException) for e in handle.sent):
+        assert time.monotonic() < deadline, "the scheduler never ended the stopped question"
+        time.sleep(0.05)
+    return not any(isinstance(e, AnswerResult) for e in handle.sent)
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +94,16 @@ def test_the_time_budget_stops_a_question_and_frees_the_model(service, doc_a):
     assert _in_thread(lambda: service.answer(f"{NEEDLE_Q} (after)", [doc_a])).answer == "6150382"
 
 
+def _one_token_a_step():
+    """Answer params that commit one token a step: the question is still decoding after its first
+    step, however sure the model is (with its threshold decoder it may settle all in one)."""
+    return answer_params(model_defaults(BUNDLED_MODEL), decoder="low_confidence")
+
+
 def test_a_cancelled_question_stops_and_frees_the_model(service, doc_a):
     cancel = threading.Event()
     with _handles_submitted(service) as handles:
-        events = service.ask(f"{NEEDLE_Q} (cancelled)", [doc_a], cancel=cancel)
+        events = service.ask(f"{NEEDLE_Q} (cancelled)", [doc_a], params=_one_token_a_step(), cancel=cancel)
         for event in events:
             if event.kind == "step":
                 cancel.set()  # what closing the browser tab does (the UI's unload event)
@@ -94,7 +116,7 @@ def test_a_cancelled_question_stops_and_frees_the_model(service, doc_a):
 
 def test_an_abandoned_answer_stream_frees_the_model(service, doc_a):
     with _handles_submitted(service) as handles:
-        events = service.ask(f"{NEEDLE_Q} (abandoned)", [doc_a])
+        events = service.ask(f"{NEEDLE_Q} (abandoned)", [doc_a], params=_one_token_a_step())
         assert next(e for e in events if e.kind == "step")
         events.close()  # what Gradio does with the generator of a client that went away
     assert _never_answered(handles[0])

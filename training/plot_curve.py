@@ -2,7 +2,7 @@
 over the steps of all runs, one colour a run.
 
     python -m training.plot_curve docs/results/docqa-tiny-{pretrain-2026-12-06,run23,run24}/train-log.json \
-        --labels pretraining "run 23" "run 24" --out models/docqa-tiny/loss_curve.png
+        --labels pretraining "run 23" "run 24" --out loss_curve.png
 """
 
 from __future__ import annotations

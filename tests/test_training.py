@@ -111,6 +111,33 @@ def test_multiquery_key_counts_are_drawn_from_the_given_list():
         TaskSampler(_corpus(), lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=0, multiquery_keys=(5,))
 
 
+def test_absent_key_needles_ask_for_a_key_the_document_lacks():
+    """The "absent" variant: other keys' needles in view, the asked key in none of the chunks, and
+    the answer "not found"; some of the keys in view share a word with the asked one."""
+    cfg = model_config(TOK)
+    layout = make_layout(BUNDLED_MODEL, cfg)
+    corpus = _corpus() | {"adjectives": ["quiet", "amber", "lunar", "solar"], "nouns": ["harbor", "falcon", "heron"]}
+    sampler = TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 24, seed=0,
+                          niah_variant_weights={"absent": 1})
+    shared_word = 0
+    for _ in range(60):
+        ex = sampler.niah(4)
+        question, text = TOK.decode(ex.question_ids), " ".join(TOK.decode(c) for c in ex.chunks)
+        asked = re.search(r"special magic \w+ for (\S+) mentioned", question).group(1)
+        present = re.findall(r"special magic \w+ for (\S+) is:", text)
+        assert TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip() == "not found"
+        assert present and asked not in present, (asked, present)
+        if "-" in asked and any(set(asked.split("-")) & set(p.split("-")) for p in present):
+            shared_word += 1
+    assert shared_word >= 10
+    # A variant left out of the weights is not drawn; an unknown one is refused.
+    TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 24, seed=0,
+                niah_variant_weights={"single": 1})
+    with pytest.raises(ValueError, match="weights must name only"):
+        TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 24, seed=0,
+                    niah_variant_weights={"missing": 1})
+
+
 def test_sampler_stream_is_that_of_the_bundled_runs():
     """Seeded data is what makes a run reproducible: with the default options the sampler draws
     exactly what it drew when the bundled model was first trained (the digest was taken then;
@@ -199,11 +226,18 @@ def test_lookup_eval_files_name_the_asked_fact_and_load_with_it(tmp_path):
             f"Package {i} paragraph {j}: permission is hereby granted to use, copy and modify this software."
             for j in range(12)))
     hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_MODEL / "tokenizer.json"))
-    lookup.generate(tmp_path / "data", hf_tok, ["lookup_family", "no_answer"], [1024], 6, seed=3, doc_root=doc_root)
-    samples = ruler.load(tmp_path / "data", ["lookup_family", "no_answer"], [1024])
-    assert len(samples) == 12
+    tasks = ["lookup_family", "no_answer", "niah_absent_key"]
+    lookup.generate(tmp_path / "data", hf_tok, tasks, [1024], 6, seed=3, doc_root=doc_root)
+    samples = ruler.load(tmp_path / "data", tasks, [1024])
+    assert len(samples) == 18
+    rows = [json.loads(line) for line in (tmp_path / "data" / "niah_absent_key_1024" / "validation.jsonl").open()]
+    for s, row in zip([s for s in samples if s.task == "niah_absent_key"], rows, strict=True):
+        # the asked key stands nowhere in the document; 1-4 other keys' needles do
+        assert s.outputs == ["not found"] and row["asked"] in s.question and row["asked"] not in s.context
+        assert 1 <= len(row["keys_in_view"]) <= 4
+        assert all(f"special magic numbers for {key} is: " in s.context for key in row["keys_in_view"])
     for s in samples:
-        if s.task == "no_answer":
+        if s.task in ("no_answer", "niah_absent_key"):
             assert s.needle == "" and s.outputs == ["not found"]
         else:
             assert s.needle in s.context and s.question
@@ -270,9 +304,10 @@ def test_oracle_check_answers_over_the_needle_chunks(tmp_path):
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((tmp_path / "oracle.json").read_text())
-    assert [r["variant"] for r in report["rows"]] == ["single", "multikey", "multivalue", "multiquery"]
+    assert [r["variant"] for r in report["rows"]] == ["single", "multikey", "multivalue", "multiquery", "absent"]
     assert all(r["gold"] and 0.0 <= r["score"] <= 1.0 for r in report["rows"])
-    assert set(report["summary"]) == {"single", "multikey", "multivalue", "multiquery", "mean"}
+    assert set(report["summary"]) == {"single", "multikey", "multivalue", "multiquery", "absent", "mean"}
+    assert all(r["gold"] == "not found" for r in report["rows"] if r["variant"] == "absent")
 
 
 def test_lookup_examples_ask_training_wordings_of_facts_in_real_text():

@@ -82,7 +82,15 @@ TEXT_MDM_LENGTH = 384
 # Where text_mdm draws its text from, by share: the corpus's technical prose (the documents users
 # bring), HotpotQA's encyclopedic paragraphs (names, dates, places) and the essays (running prose).
 TEXT_MDM_SOURCES = {"text": 6, "paragraphs": 3, "essay": 1}
-NIAH_VARIANT_WEIGHTS = {"single": 4, "multikey": 3, "multivalue": 2, "multiquery": 2}
+# "absent" asks for a key the document lacks while other keys' needles stand in view (the answer is
+# "not found"): without it the model learns that a needle question always has a needle to copy, and
+# gives another key's value. It comes last at weight 0 so the default stream stays the same.
+NIAH_VARIANT_WEIGHTS = {"single": 4, "multikey": 3, "multivalue": 2, "multiquery": 2, "absent": 0}
+# Of "absent" examples with word keys, the share where a key in view shares a word with the asked one
+# ("amber-falcon" asked, "amber-heron" present): the near miss a copy by one word would take.
+NIAH_ABSENT_SHARED_WORD_SHARE = 0.5
+# Of "absent" examples, the share asked in the multi-value wording ("What are all the ...").
+NIAH_ABSENT_LIST_WORDING_SHARE = 0.3
 
 
 class TaskSampler:
@@ -106,7 +114,8 @@ class TaskSampler:
             raise ValueError(f"multiquery_keys must be 1-4 keys each, got {multiquery_keys}")
         self.multiquery_keys = multiquery_keys
         self.task_weights = dict.fromkeys(TASK_WEIGHTS, 0.0) | dict(task_weights or TASK_WEIGHTS)
-        self.niah_variant_weights = dict(niah_variant_weights or NIAH_VARIANT_WEIGHTS)
+        self.niah_variant_weights = dict.fromkeys(NIAH_VARIANT_WEIGHTS, 0.0) | dict(niah_variant_weights
+                                                                                  or NIAH_VARIANT_WEIGHTS)
         if set(self.task_weights) != set(TASK_WEIGHTS) or any(w < 0 for w in self.task_weights.values()) \
                 or not any(self.task_weights.values()):
             raise ValueError(f"task weights must name only {sorted(TASK_WEIGHTS)}, with non-negative values, "
@@ -114,7 +123,8 @@ class TaskSampler:
         known = NIAH_VARIANT_WEIGHTS
         given = self.niah_variant_weights
         if set(given) != set(known) or any(w < 0 for w in given.values()) or not any(given.values()):
-            raise ValueError(f"weights must name exactly {sorted(known)} with non-negative values, got {given}")
+            raise ValueError(f"NIAH variant weights must name only {sorted(known)} with non-negative values, "
+                             f"got {given}")
         for task, needs in (("lookup", "text_paragraphs"), ("lookup_generated", "text_paragraphs"),
                             ("text_denoising", "text_paragraphs"), ("text_mdm", "text_paragraphs"),
                             ("sentence_qa", "text_paragraphs"), ("cloze_qa", "text_paragraphs"),
@@ -246,11 +256,20 @@ class TaskSampler:
         # Multi-key, then multi-query: the order the default stream was drawn in, so a seed keeps its stream.
         n_multikey = r.randint(2, 4)
         n_query = r.randint(2, 4) if self.multiquery_keys is None else r.choice(self.multiquery_keys)
-        n_keys = {"single": 1, "multikey": n_multikey, "multivalue": 1, "multiquery": n_query}[variant]
+        # "absent": keys[0] is asked and has no needle; keys[1:] (1-3 of them) have one each.
+        n_keys = {"single": 1, "multikey": n_multikey, "multivalue": 1, "multiquery": n_query,
+                  "absent": n_multikey}[variant]
         n_vals = r.randint(2, 4) if variant == "multivalue" else 1
         keys = [self._value(key_kind) for _ in range(n_keys)]
+        if variant == "absent":
+            keys = self._absent_keys(keys, key_kind)
+            # A haystack of random needles could hold the asked key by chance; the keys in view
+            # are the example's own needles.
+            haystack = "essay" if haystack == "needle" else haystack
         needles = []  # (chunk, key index, value, tokens)
         for ki, key in enumerate(keys):
+            if variant == "absent" and ki == 0:
+                continue
             for _ in range(n_vals):
                 value = self._value(val_kind)
                 text = f" One of the special magic {val_kind} for {key} is: {value}."
@@ -270,6 +289,11 @@ class TaskSampler:
             answer = ", ".join(n[2] for qi in queried for n in order if n[1] == qi)
             keys_text = ", ".join(keys[:-1]) + ", and " + keys[-1]
             question = f"What are all the special magic {val_kind} for {keys_text} mentioned in the provided text?"
+        elif variant == "absent":
+            answer = relations.NOT_FOUND
+            question = (f"What are all the special magic {val_kind} for {keys[0]} mentioned in the provided text?"
+                        if r.random() < NIAH_ABSENT_LIST_WORDING_SHARE else
+                        f"What is the special magic {val_kind[:-1]} for {keys[0]} mentioned in the provided text?")
         elif variant == "multivalue":
             answer = ", ".join(n[2] for n in order if n[1] == 0)
             question = f"What are all the special magic {val_kind} for {keys[0]} mentioned in the provided text?"
@@ -277,6 +301,24 @@ class TaskSampler:
             answer = next(n[2] for n in order if n[1] == 0)
             question = f"What is the special magic {val_kind[:-1]} for {keys[0]} mentioned in the provided text?"
         return Example(chunks, self.encode(question), self._answer(answer))
+
+    def _absent_keys(self, keys: list[str], key_kind: str) -> list[str]:
+        """keys with keys[0] (the asked one) unlike every other, and, for word keys, a share of the
+        time one other key made to share a word with it (a near miss)."""
+        r = self.rng
+        for _ in range(100):
+            if keys[0] not in keys[1:]:
+                break
+            keys[0] = self._value(key_kind)
+        else:
+            raise RuntimeError("too few distinct needle keys in the corpus to ask for an absent one")
+        if key_kind == "words" and r.random() < NIAH_ABSENT_SHARED_WORD_SHARE:
+            adjective, noun = keys[0].split("-", 1)
+            other = self._value("words").split("-", 1)
+            near = f"{adjective}-{other[1]}" if r.random() < 0.5 else f"{other[0]}-{noun}"
+            if near != keys[0]:
+                keys[r.randrange(1, len(keys))] = near
+        return keys
 
     def kv_retrieval(self, k: int) -> Example:
         r = self.rng

@@ -8,6 +8,8 @@ model never saw either: Debian's licence and copyright files (/usr/share/doc/*/c
 `licences` kind that training.corpus keeps out of training). Each task a file
 `<task>_<length>/validation.jsonl` that `tools.ruler.load` reads as it reads RULER's; a list answer
 is scored on all its items, a no-answer question is right when the answer says "not found".
+`niah_absent_key` asks RULER's needle question for a key the document lacks, other keys' needles in
+the same licence text: "not found" is right, another key's value the worst answer.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
 # .device-data/init25, with models/docqa-tiny/*.safetensors deleted from the working tree for the calls.
 # RESUME=1 continues .train-ckpt/ft26.pt on the same warm machine. Ran 2026-12-06 on one H100 80GB as one
 # call, `MIN=8.5 TOTAL=8.5` (6,251 steps; train-log.json). EVAL=1 then quantizes the result to
-# int8 and runs it on the 4K held-out sets (.ruler-data, seeds 61 and 67) as eval-gpu.sh does.
+# int8 and runs it on the 4K held-out sets (.ruler-data, seeds 61 and 67) as ../docqa-tiny-run25/eval-gpu.sh
+# does; on 2026-12-06 those same commands ran as a call of their own on the warm machine.
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD

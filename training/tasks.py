@@ -14,13 +14,15 @@ training relation families (training.relations) placed in real text, asked in th
 wordings and framings, with a fact of the same family about another subject beside them, and
 sometimes not there at all (the answer is then relations.NOT_FOUND); and questions made from the
 corpus's own sentences (training.sentence_questions by rules, training.parsed_questions from a parse,
-training.cloze_questions by blanking a span of any sentence of prose), over their real context.
+training.cloze_questions by blanking a span of any sentence of prose), over their real context,
+some of them reworded as people ask (training.reworded_questions).
 """
 
 from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +30,7 @@ import torch
 from engine.method.sentences import split_sentences
 from training import relations
 from training.cloze_questions import cloze_example
+from training.reworded_questions import reword
 
 ROLE_PAD, ROLE_PREFIX, ROLE_CHUNK, ROLE_QUERY, ROLE_ANSWER = -1, 0, 1, 2, 3
 REPEAT_HAYSTACK = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -99,8 +102,17 @@ class TaskSampler:
     def __init__(self, corpus: dict, encode, decode, layout: Layout, chunk_size: int, answer_len: int,
                  seed: int, task_weights: dict[str, float] | None = None,
                  niah_variant_weights: dict[str, float] | None = None,
-                 multiquery_keys: tuple[int, ...] | None = None, near_miss_share: float = 0.0) -> None:
+                 multiquery_keys: tuple[int, ...] | None = None, near_miss_share: float = 0.0,
+                 reword_share: float = 0.0, synonyms: Mapping[str, Sequence[str]] | None = None) -> None:
         self.rng = random.Random(seed)
+        # Of sentence_qa's and parsed_qa's questions, the share reworded as people ask
+        # (training.reworded_questions, with `synonyms` from training.synonyms). 0 draws the streams
+        # of the runs before rewording existed.
+        if not 0.0 <= reword_share <= 1.0:
+            raise ValueError(f"reword_share must be within [0, 1], got {reword_share}")
+        if reword_share and synonyms is None:
+            raise ValueError("rewording questions needs a synonym map (training.synonyms)")
+        self.reword_share, self.synonyms = reword_share, synonyms or {}
         # Of the unanswerable examples of the tasks that ask over real text (sentence_qa, parsed_qa,
         # hotpot), the share that are near misses: passages on the question's topic that do not hold
         # its answer, as a search finds for a question the document cannot answer. 0 draws the
@@ -498,7 +510,14 @@ class TaskSampler:
             if rest:
                 chunks[r.randrange(k)] = self.encode(" " + rest)[: self.c - 1]
         answer = item["answer"] if answerable else relations.NOT_FOUND
-        return Example(chunks, self.encode(r.choice(item["questions"])), self._answer(answer))
+        question = r.choice(item["questions"])
+        if self.reword_share and r.random() < self.reword_share:
+            question = reword(question, item["answer"], item["context"], self.synonyms, self._one_token, r)
+        return Example(chunks, self.encode(question), self._answer(answer))
+
+    def _one_token(self, word: str) -> bool:
+        """Whether `word` after a space is one token of the tokenizer: a word common in its text."""
+        return len(self.encode(" " + word)) == 1
 
     def cloze_qa(self, k: int) -> Example:
         """A cloze question (training.cloze_questions: a span of a real sentence blanked and asked,

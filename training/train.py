@@ -45,6 +45,7 @@ from engine.model.random_checkpoint import llada_config_json
 from engine.model.transformer import DiffusionLM
 from engine.model.weights import read_model_config, save_weights
 from engine.runner import Runner
+from training.synonyms import read_synonyms
 from training.tasks import NIAH_VARIANT_WEIGHTS, TASK_WEIGHTS, Layout, TaskSampler, attention_mask, collate
 
 CHUNK_SIZE = 128
@@ -106,25 +107,36 @@ def make_layout(model_dir: Path, cfg: ModelConfig) -> Layout:
                   eos=cfg.eos_token_id, mask=cfg.mask_token_id, pad=cfg.pad_token_id)
 
 
+@dataclasses.dataclass(frozen=True)
+class Rewording:
+    """Questions reworded as people ask (TaskSampler's reword_share), with training.synonyms' map."""
+
+    share: float
+    synonyms: Path
+
+
 def task_sampler(corpus_path: Path, model_dir: Path, layout: Layout, seed: int, task_weights: dict[str, float],
                  niah_variant_weights: dict[str, float], multiquery_keys: tuple[int, ...] | None = None,
-                 near_miss_share: float = 0.0) -> TaskSampler:
+                 near_miss_share: float = 0.0, rewording: Rewording | None = None) -> TaskSampler:
     """The training's example source: the prepared corpus, the model's tokenizer, chunks of
     CHUNK_SIZE and answers of ANSWER_LEN tokens."""
     corpus = torch.load(corpus_path, weights_only=False)
     tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
     return TaskSampler(corpus, lambda s: tok.encode(s).ids, tok.decode, layout, CHUNK_SIZE, ANSWER_LEN, seed=seed,
                        task_weights=task_weights, niah_variant_weights=niah_variant_weights,
-                       multiquery_keys=multiquery_keys, near_miss_share=near_miss_share)
+                       multiquery_keys=multiquery_keys, near_miss_share=near_miss_share,
+                       reword_share=rewording.share if rewording else 0.0,
+                       synonyms=read_synonyms(rewording.synonyms) if rewording else None)
+
 
 
 class Batches(torch.utils.data.IterableDataset):
     """Endless batches; each worker has its own seeded sampler; the stage comes from a shared value."""
 
     def __init__(self, corpus_path, model_dir, cfg, layout, batch_size, seed, stage, task_weights,
-                 niah_variant_weights, multiquery_keys=None, near_miss_share=0.0) -> None:
+                 niah_variant_weights, multiquery_keys=None, near_miss_share=0.0, rewording=None) -> None:
         self.corpus_path, self.model_dir, self.cfg = corpus_path, model_dir, cfg
-        self.multiquery_keys, self.near_miss_share = multiquery_keys, near_miss_share
+        self.multiquery_keys, self.near_miss_share, self.rewording = multiquery_keys, near_miss_share, rewording
         self.layout, self.batch_size, self.seed, self.stage = layout, batch_size, seed, stage
         self.task_weights, self.niah_variant_weights = task_weights, niah_variant_weights
 
@@ -133,7 +145,7 @@ class Batches(torch.utils.data.IterableDataset):
         wid = info.id if info else 0
         sampler = task_sampler(self.corpus_path, self.model_dir, self.layout, self.seed * 1000 + wid,
                                self.task_weights, self.niah_variant_weights, self.multiquery_keys,
-                               self.near_miss_share)
+                               self.near_miss_share, self.rewording)
         rng = random.Random(self.seed * 7919 + wid)
         while True:
             ks = CURRICULUM[self.stage.value][1]
@@ -269,8 +281,15 @@ def main() -> None:
     ap.add_argument("--near-miss-share", type=_share, default=0.0,
                     help="of the unanswerable examples of sentence_qa, parsed_qa and hotpot, the share shown "
                          "passages on the question's topic without its answer (default 0: none)")
+    ap.add_argument("--reword-share", type=_share, default=0.0,
+                    help="of sentence_qa's and parsed_qa's questions, the share reworded as people ask "
+                         "(training.reworded_questions; needs --synonyms; default 0: none)")
+    ap.add_argument("--synonyms", type=Path, default=None,
+                    help="the synonym map training.synonyms wrote (for --reword-share)")
     ap.add_argument("--no-compile", action="store_true", help="run the layers eagerly on CUDA too")
     args = ap.parse_args()
+    if args.reword_share and (args.synonyms is None or not args.synonyms.is_file()):
+        ap.error("--reword-share needs --synonyms, the file training.synonyms writes")
     rank, world = _start_data_parallel()
     lead = rank == 0  # logs, checkpoints and exports
     torch.manual_seed(args.seed)  # the same initial weights on every rank
@@ -329,7 +348,8 @@ def main() -> None:
     data_seed = args.seed + step + 1_000_003 * rank
     data = torch.utils.data.DataLoader(
         Batches(args.data / "corpus.pt", args.model_dir, cfg, layout, args.batch_size, data_seed, stage,
-                args.task_weights, args.niah_variant_weights, args.multiquery_keys, args.near_miss_share),
+                args.task_weights, args.niah_variant_weights, args.multiquery_keys, args.near_miss_share,
+                Rewording(args.reword_share, args.synonyms) if args.reword_share else None),
         batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0,
         prefetch_factor=4 if args.workers > 0 else None, pin_memory=device.type == "cuda")
     gen = torch.Generator(device=device).manual_seed(data_seed)
@@ -407,6 +427,7 @@ def main() -> None:
             "parameters": n_params, "chunk_size": CHUNK_SIZE, "curriculum": CURRICULUM,
             "task_weights": args.task_weights, "niah_variant_weights": args.niah_variant_weights,
             "multiquery_keys": args.multiquery_keys, "near_miss_share": args.near_miss_share,
+            "reword_share": args.reword_share,
             "init_from": init_from, "start_stage": start_stage,
             "pool_kv_heads": args.pool_kv_heads,
             "lr": args.lr, "total_minutes": args.total_minutes}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 
 from training.synonyms import STOPWORDS
 
@@ -69,12 +69,11 @@ def _swap_synonyms(words: list[str], protected: set[str], synonyms: Mapping[str,
             places.append((i, choices))
     out = list(words)
     for i, choices in rng.sample(places, min(len(places), rng.randint(1, MAX_SWAPS))):
-        swap = rng.choice(choices)
-        out[i] = swap[:1].upper() + swap[1:] if words[i][:1].isupper() else swap
+        out[i] = rng.choice(choices)
     return out
 
 
-def topic_names(context: str, question: str, answer: str, words: Mapping[str, object] = {}) -> list[str]:
+def topic_names(context: str, question: str, answer: str, words: Container[str] = frozenset()) -> list[str]:
     """Names the context mentions at least TOPIC_MIN_MENTIONS times that neither the question nor
     the answer holds, most frequent first: what a person asking about the document might add
     ("valgrind", "GnuPG"). A capitalised English word (one of `words`: "World", "Fort") is no name."""

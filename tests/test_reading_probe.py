@@ -56,6 +56,14 @@ def test_parsed_questions_ask_in_peoples_order_with_the_answer_once_in_their_pas
         assert pq.holds_answer(q.passage, [q.answer]) and q.passage.count(q.answer) == 1
     without = rp.probe_questions("manual", text, per_kind=5, rng=random.Random(3))
     assert without == [q for q in asked if q.kind != "parsed"]  # the other kinds draw as before
+    # Reworded, each parsed question is asked again over the same passage, for the same answer.
+    rewording = rp.Rewording({"default": ["standard"], "installation": ["facility"]}, lambda word: True)
+    both = rp.probe_questions("manual", text, per_kind=5, rng=random.Random(3), parser=load_parser(),
+                              rewording=rewording)
+    assert [q for q in both if q.kind != "parsed, reworded"] == asked
+    pairs = [(a, b) for a, b in zip(both, both[1:], strict=False) if b.kind == "parsed, reworded"]
+    assert pairs and all(a.kind == "parsed" and (a.passage, a.answer) == (b.passage, b.answer) for a, b in pairs)
+    assert any(a.question != b.question for a, b in pairs)
 
 
 def test_the_summary_counts_right_per_kind_held_out_first():
@@ -63,8 +71,8 @@ def test_the_summary_counts_right_per_kind_held_out_first():
     rows = [row, rp.ProbeRow("m", True, rp.KINDS[0], "q", "a", "not found", False),
             rp.ProbeRow("s", False, "cloze", "q", "a", "a", True)]
     lines = rp.summarize(rows).splitlines()
-    assert lines[2] == "| held-out | 1/2 (50%) | - | - | - |"
-    assert lines[3] == "| seen | - | - | 1/1 (100%) | - |"
+    assert lines[2] == "| held-out | 1/2 (50%) | - | - | - | - |"
+    assert lines[3] == "| seen | - | - | 1/1 (100%) | - | - |"
 
 
 @pytest.mark.slow

@@ -13,6 +13,9 @@ chunk chosen: `pdf_questions.read_passage_alone`), so only reading is measured, 
 - `parsed`: training.parsed_questions (such a blank asked in people's order, from a dependency
   parse: "What does the library use for checksums?"), in its plain wording; asked where spaCy is
   installed (the `train` extra);
+- `parsed, reworded`: each parsed question again, reworded as people ask
+  (training.reworded_questions: a synonym, a name from the passage, a hedge, an opening...), where
+  WordNet is installed (Debian's wordnet-base); the two parsed kinds differ by that rewording alone;
 
 and by document source: a held-out PDF's text is not in the training corpus, a seen one's is.
 The rule and cloze kinds share their templates with training tasks, so a model can pass them by
@@ -35,7 +38,7 @@ from tools.pdf_questions import SOURCES, PdfSource, app_over, holds_answer, know
 from training.cloze_questions import cloze_example, occurrences
 from training.sentence_questions import context_window, questions_for
 
-KINDS = ("rule, training wording", "rule, held-out wording", "cloze", "parsed")
+KINDS = ("rule, training wording", "rule, held-out wording", "cloze", "parsed", "parsed, reworded")
 CONTEXT_CHARS = 450  # a question's context, as the training tasks cut it: it fits one chunk
 MIN_PARAGRAPH_CHARS = 80  # shorter blocks of a PDF's text are headings, page numbers, table cells
 
@@ -66,31 +69,46 @@ def paragraphs(text: str) -> list[str]:
     return [" ".join(block.split()) for block in text.split("\n\n") if len(block.strip()) >= MIN_PARAGRAPH_CHARS]
 
 
+@dataclass(frozen=True)
+class Rewording:
+    """What `parsed, reworded` needs: training.synonyms' map and which words are common enough."""
+
+    synonyms: dict[str, list[str]]
+    common: Callable[[str], bool]
+
+
 def probe_questions(source: str, text: str, per_kind: int, rng: random.Random,
-                    parser: Any | None = None) -> list[ProbeQuestion]:
+                    parser: Any | None = None, rewording: Rewording | None = None) -> list[ProbeQuestion]:
     """Pure given `rng` (and `parser`): up to `per_kind` questions of each kind from `text`'s
     paragraphs, taken in an order drawn by `rng`; a rule question is asked in both wordings of the
     same sentence, so the two wordings' scores differ by wording alone. The parsed kind only with a
-    `parser` (training.parsed_questions.load_parser), drawn from the same order after the others."""
+    `parser` (training.parsed_questions.load_parser), drawn from the same order after the others;
+    each also reworded with `rewording`, if given."""
     paras = paragraphs(text)
     rng.shuffle(paras)
     return _rule_and_cloze_questions(source, paras, per_kind, rng) + (
-        _parsed_questions(source, paras, per_kind, parser) if parser is not None else [])
+        _parsed_questions(source, paras, per_kind, parser, rewording, rng) if parser is not None else [])
 
 
-def _parsed_questions(source: str, paras: list[str], per_kind: int, parser: Any) -> list[ProbeQuestion]:
+def _parsed_questions(source: str, paras: list[str], per_kind: int, parser: Any, rewording: Rewording | None,
+                      rng: random.Random) -> list[ProbeQuestion]:
     """The first parsed question of each sentence of prose, in the paragraphs' order, whose answer
-    its passage holds once."""
+    its passage holds once; after each, its rewording (`rewording`, if given)."""
     from training.parsed_questions import askable_sentences, questions_of
+    from training.reworded_questions import reword
 
     out: list[ProbeQuestion] = []
     for para in paras:
         for sentence, passage in askable_sentences(para, CONTEXT_CHARS):
-            if len(out) >= per_kind:
+            if sum(q.kind == KINDS[3] for q in out) >= per_kind:
                 return out
             made = [q for q in questions_of(parser(sentence)) if occurrences(passage, q.answer) == 1]
             if made:
                 out.append(ProbeQuestion(source, KINDS[3], passage, made[0].question, made[0].answer))
+                if rewording is not None:
+                    asked = reword(made[0].question, made[0].answer, passage, rewording.synonyms, rewording.common,
+                                   rng)
+                    out.append(ProbeQuestion(source, KINDS[4], passage, asked, made[0].answer))
     return out
 
 
@@ -148,9 +166,20 @@ def probe(model_dir: Path, out_dir: Path, only: Iterable[str] | None = None, per
     except RuntimeError as e:
         parser = None
         progress(f"no parsed questions: {e}")
+    rewording = None
+    try:
+        from tokenizers import Tokenizer
+
+        from training.synonyms import build_synonyms
+
+        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        rewording = Rewording(build_synonyms(), lambda word: len(tokenizer.encode(" " + word).ids) == 1)
+    except FileNotFoundError as e:
+        progress(f"no reworded questions: {e}")
     # A generator per source, so that a source's questions do not depend on which others are asked.
     asked = [q for name in names for q in probe_questions(name, extract_pdf(read_pdf(sources[name])).text,
-                                                          per_kind, random.Random(f"{seed}:{name}"), parser)]
+                                                          per_kind, random.Random(f"{seed}:{name}"), parser,
+                                                          rewording)]
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     with app_over(model_dir, device) as service:

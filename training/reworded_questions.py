@@ -3,7 +3,8 @@
 The questions training.sentence_questions and training.parsed_questions make keep the sentence's
 own words ("How many extra suppression files may I use?"). People asking about a manual do not:
 "How many additional suppression files can I give valgrind at most?" swaps a word for a synonym,
-names the program the manual is about, adds a hedge, drops the question mark. A model trained only
+names the program the manual is about, adds a hedge or a setting the passage does not mention,
+drops the question mark. A model trained only
 on the sentence's words learns to answer where every word of the question is in a passage and to
 say "not found" otherwise, so it refuses most of what people type (the model card's PDF questions).
 
@@ -30,7 +31,11 @@ from training.synonyms import STOPWORDS
 SYNONYM_SHARE = 0.5  # up to MAX_SWAPS content words swapped for a synonym
 MAX_SWAPS = 1
 TOPIC_SHARE = 0.35  # a name from the context the question lacks ("... in valgrind?")
-HEDGE_SHARE = 0.2  # "... at most?", "... by default?"
+# Words the passage lacks are what makes the bundled model refuse (run 26 answers "How many extra
+# suppression files may I use?" and says "not found" to the same with "at most" or "with valgrind"
+# after it): a hedge or a setting, in most reworded questions.
+HEDGE_SHARE = 0.4  # "... at most?", "... by default?"
+SETTING_SHARE = 0.3  # "... on Linux?", "... in my build?"
 OPENING_SHARE = 0.2  # "so ", "hey, ", "I was wondering: "
 DROP_SHARE = 0.25  # an article or a determiner dropped
 LOWERCASE_SHARE = 0.35  # the first letter in lower case
@@ -41,6 +46,8 @@ NO_MARK_SHARE = 0.3  # the question mark left off
 OPENINGS = ("so ", "hey, ", "I was wondering: ", "in the docs, ", "does anyone know ", "um, ", "ok so ")
 HEDGES = (" at most", " by default", " exactly", " roughly", " actually", " usually", " these days",
           " in practice", " again")
+SETTINGS = (" on Linux", " on my machine", " in my build", " for my project", " on the command line",
+            " in the manual", " according to the docs", " when I run it", " in my setup")
 TOPIC_FORMS = (" in {t}", " with {t}", " for {t}", " in {t}'s docs", ", {t}")
 _SEPARATORS = frozenset({",", ";", ":", "(", ")", '"', ", "})
 _DROPPABLE = frozenset({"the", "a", "an", "this", "that"})
@@ -94,8 +101,8 @@ def topic_names(context: str, question: str, answer: str, words: Container[str] 
 def reword(question: str, answer: str, context: str, synonyms: Mapping[str, Sequence[str]],
            common: Callable[[str], bool], rng: random.Random) -> str:
     """`question` (asking for `answer` over `context`) in words closer to a person's: synonyms,
-    a name from the context, a hedge, an opening, a dropped article, lower case, no question mark,
-    each drawn on its own. `common(word)` says whether a synonym is common enough to swap in."""
+    a name from the context, a hedge, a setting, an opening, a dropped article, lower case, no
+    question mark, each drawn on its own. `common(word)` says whether a synonym is common enough to swap in."""
     body = question.strip()
     mark = body.endswith("?")
     body = body.rstrip("?").rstrip()
@@ -116,6 +123,8 @@ def reword(question: str, answer: str, context: str, synonyms: Mapping[str, Sequ
             body += rng.choice(TOPIC_FORMS).format(t=rng.choice(names[:3]))
     if rng.random() < HEDGE_SHARE:
         body += rng.choice(HEDGES)
+    if rng.random() < SETTING_SHARE:
+        body += rng.choice(SETTINGS)
     if rng.random() < OPENING_SHARE:
         opening = rng.choice(OPENINGS)
         body = opening + (body[:1].lower() + body[1:] if not body[:2].isupper() else body)

@@ -78,6 +78,9 @@ def test_rewordings_keep_the_answers_words_and_vary_as_people_ask():
     assert any(q.startswith(OPENINGS) for q in seen)
     assert any(not q.endswith("?") for q in seen) and any(q.endswith("?") for q in seen)
     assert any(q[0].islower() for q in seen)
+    # A dropped word takes its space with it, also the last one ("... for this?").
+    ends = [reword("What is the maximum value for this?", "5", "", {}, _common, rng) for _ in range(300)]
+    assert any("for this" not in q for q in ends) and not any("  " in q or q != q.strip() for q in seen + ends)
     # Whatever changed, the question still asks about the same thing.
     assert all("suppression" in q and ("how many" in q.lower()) for q in seen)
     # The answer's own words are never swapped: they are what the question asks for.

@@ -116,7 +116,7 @@ def reword(question: str, answer: str, context: str, synonyms: Mapping[str, Sequ
             i = rng.choice(droppable)
             gone = 2 if i + 1 < len(words) and words[i + 1].isspace() else 1  # the word and its space
             words = words[:i] + words[i + gone:]
-    body = "".join(words)
+    body = "".join(words).rstrip()  # (a dropped last word leaves the space before it)
     if rng.random() < TOPIC_SHARE:
         names = topic_names(context, body, answer, synonyms)
         if names:

@@ -36,6 +36,7 @@ from typing import Any
 from engine.method.sentences import split_sentences
 from tools.pdf_questions import SOURCES, PdfSource, app_over, holds_answer, known_sources, read_passage_alone, read_pdf
 from training.cloze_questions import cloze_example, occurrences
+from training.reworded_questions import Rewording
 from training.sentence_questions import context_window, questions_for
 
 KINDS = ("rule, training wording", "rule, held-out wording", "cloze", "parsed", "parsed, reworded")
@@ -69,14 +70,6 @@ def paragraphs(text: str) -> list[str]:
     return [" ".join(block.split()) for block in text.split("\n\n") if len(block.strip()) >= MIN_PARAGRAPH_CHARS]
 
 
-@dataclass(frozen=True)
-class Rewording:
-    """What `parsed, reworded` needs: training.synonyms' map and which words are common enough."""
-
-    synonyms: dict[str, list[str]]
-    common: Callable[[str], bool]
-
-
 def probe_questions(source: str, text: str, per_kind: int, rng: random.Random,
                     parser: Any | None = None, rewording: Rewording | None = None) -> list[ProbeQuestion]:
     """Pure given `rng` (and `parser`): up to `per_kind` questions of each kind from `text`'s
@@ -95,7 +88,6 @@ def _parsed_questions(source: str, paras: list[str], per_kind: int, parser: Any,
     """The first parsed question of each sentence of prose, in the paragraphs' order, whose answer
     its passage holds once; after each, its rewording (`rewording`, if given)."""
     from training.parsed_questions import askable_sentences, questions_of
-    from training.reworded_questions import reword
 
     out: list[ProbeQuestion] = []
     for para in paras:
@@ -106,8 +98,7 @@ def _parsed_questions(source: str, paras: list[str], per_kind: int, parser: Any,
             if made:
                 out.append(ProbeQuestion(source, KINDS[3], passage, made[0].question, made[0].answer))
                 if rewording is not None:
-                    asked = reword(made[0].question, made[0].answer, passage, rewording.synonyms, rewording.common,
-                                   rng)
+                    asked = rewording(made[0].question, made[0].answer, passage, rng)
                     out.append(ProbeQuestion(source, KINDS[4], passage, asked, made[0].answer))
     return out
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable, Container, Mapping, Sequence
+from dataclasses import dataclass
 
 from training.synonyms import STOPWORDS
 
@@ -131,3 +132,15 @@ def reword(question: str, answer: str, context: str, synonyms: Mapping[str, Sequ
     if rng.random() < LOWERCASE_SHARE and not body[:2].isupper():
         body = body[:1].lower() + body[1:]
     return body + ("?" if mark and rng.random() >= NO_MARK_SHARE else "")
+
+
+@dataclass(frozen=True)
+class Rewording:
+    """`reword` with its word lists bound: training.synonyms' map, and which words are common
+    enough to swap in (one token of the model's tokenizer, say)."""
+
+    synonyms: Mapping[str, Sequence[str]]
+    common: Callable[[str], bool]
+
+    def __call__(self, question: str, answer: str, context: str, rng: random.Random) -> str:
+        return reword(question, answer, context, self.synonyms, self.common, rng)

@@ -30,7 +30,7 @@ import torch
 from engine.method.sentences import split_sentences
 from training import relations
 from training.cloze_questions import cloze_example
-from training.reworded_questions import reword
+from training.reworded_questions import Rewording
 
 ROLE_PAD, ROLE_PREFIX, ROLE_CHUNK, ROLE_QUERY, ROLE_ANSWER = -1, 0, 1, 2, 3
 REPEAT_HAYSTACK = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -112,7 +112,8 @@ class TaskSampler:
             raise ValueError(f"reword_share must be within [0, 1], got {reword_share}")
         if reword_share and synonyms is None:
             raise ValueError("rewording questions needs a synonym map (training.synonyms)")
-        self.reword_share, self.synonyms = reword_share, synonyms or {}
+        self.reword_share = reword_share
+        self.rewording = Rewording(synonyms, self._one_token) if synonyms is not None else None
         # Of the unanswerable examples of the tasks that ask over real text (sentence_qa, parsed_qa,
         # hotpot), the share that are near misses: passages on the question's topic that do not hold
         # its answer, as a search finds for a question the document cannot answer. 0 draws the
@@ -512,7 +513,7 @@ class TaskSampler:
         answer = item["answer"] if answerable else relations.NOT_FOUND
         question = r.choice(item["questions"])
         if self.reword_share and r.random() < self.reword_share:
-            question = reword(question, item["answer"], item["context"], self.synonyms, self._one_token, r)
+            question = self.rewording(question, item["answer"], item["context"], r)
         return Example(chunks, self.encode(question), self._answer(answer))
 
     def _one_token(self, word: str) -> bool:

@@ -108,8 +108,8 @@ def make_layout(model_dir: Path, cfg: ModelConfig) -> Layout:
 
 
 @dataclasses.dataclass(frozen=True)
-class Rewording:
-    """Questions reworded as people ask (TaskSampler's reword_share), with training.synonyms' map."""
+class RewordingOption:
+    """--reword-share and --synonyms: TaskSampler's reword_share, and the file training.synonyms wrote."""
 
     share: float
     synonyms: Path
@@ -117,7 +117,7 @@ class Rewording:
 
 def task_sampler(corpus_path: Path, model_dir: Path, layout: Layout, seed: int, task_weights: dict[str, float],
                  niah_variant_weights: dict[str, float], multiquery_keys: tuple[int, ...] | None = None,
-                 near_miss_share: float = 0.0, rewording: Rewording | None = None) -> TaskSampler:
+                 near_miss_share: float = 0.0, rewording: RewordingOption | None = None) -> TaskSampler:
     """The training's example source: the prepared corpus, the model's tokenizer, chunks of
     CHUNK_SIZE and answers of ANSWER_LEN tokens."""
     corpus = torch.load(corpus_path, weights_only=False)
@@ -349,7 +349,7 @@ def main() -> None:
     data = torch.utils.data.DataLoader(
         Batches(args.data / "corpus.pt", args.model_dir, cfg, layout, args.batch_size, data_seed, stage,
                 args.task_weights, args.niah_variant_weights, args.multiquery_keys, args.near_miss_share,
-                Rewording(args.reword_share, args.synonyms) if args.reword_share else None),
+                RewordingOption(args.reword_share, args.synonyms) if args.reword_share else None),
         batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0,
         prefetch_factor=4 if args.workers > 0 else None, pin_memory=device.type == "cuda")
     gen = torch.Generator(device=device).manual_seed(data_seed)

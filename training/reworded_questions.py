@@ -32,9 +32,9 @@ from training.synonyms import STOPWORDS
 SYNONYM_SHARE = 0.5  # up to MAX_SWAPS content words swapped for a synonym
 MAX_SWAPS = 1
 TOPIC_SHARE = 0.35  # a name from the context the question lacks ("... in valgrind?")
-# Words the passage lacks are what makes the bundled model refuse (run 26 answers "How many extra
-# suppression files may I use?" and says "not found" to the same with "at most" or "with valgrind"
-# after it): a hedge or a setting, in most reworded questions.
+# Words the passage lacks, not synonyms, are what makes a reader trained on the sentence's own words
+# refuse ("How many extra suppression files may I use?" answered, the same with "at most" or "with
+# valgrind" after it "not found"): a hedge or a setting, in most reworded questions.
 HEDGE_SHARE = 0.4  # "... at most?", "... by default?"
 SETTING_SHARE = 0.3  # "... on Linux?", "... in my build?"
 OPENING_SHARE = 0.2  # "so ", "hey, ", "I was wondering: "

@@ -90,13 +90,15 @@ def _parsed_questions(source: str, paras: list[str], per_kind: int, parser: Any,
     from training.parsed_questions import askable_sentences, questions_of
 
     out: list[ProbeQuestion] = []
+    parsed = 0
     for para in paras:
         for sentence, passage in askable_sentences(para, CONTEXT_CHARS):
-            if sum(q.kind == KINDS[3] for q in out) >= per_kind:
+            if parsed >= per_kind:
                 return out
             made = [q for q in questions_of(parser(sentence)) if occurrences(passage, q.answer) == 1]
             if made:
                 out.append(ProbeQuestion(source, KINDS[3], passage, made[0].question, made[0].answer))
+                parsed += 1
                 if rewording is not None:
                     asked = rewording(made[0].question, made[0].answer, passage, rng)
                     out.append(ProbeQuestion(source, KINDS[4], passage, asked, made[0].answer))

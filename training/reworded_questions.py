@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 
-from training.synonyms import STOPWORDS
+from training.synonyms import FUNCTION_WORDS
 
 # Each change's chance, drawn independently for each reworded question.
 # WordNet's usual sense is often not the manual's ("setting" -> "scene"): one swap, in half the
@@ -69,7 +69,7 @@ def _swap_synonyms(words: list[str], protected: set[str], synonyms: Mapping[str,
     for i, w in enumerate(words):
         lower = w.lower()
         alone = all(j < 0 or j >= len(words) or words[j].isspace() or words[j] in _SEPARATORS for j in (i - 1, i + 1))
-        if w != lower or not w[:1].isalpha() or lower in STOPWORDS or lower in protected or not alone:
+        if w != lower or not w[:1].isalpha() or lower in FUNCTION_WORDS or lower in protected or not alone:
             continue
         stem, suffix = (lower, "") if lower in synonyms else (lower[:-1], "s") if lower.endswith("s") else (lower, "")
         choices = [s + suffix for s in synonyms.get(stem, ()) if common(s + suffix)]
@@ -90,7 +90,7 @@ def topic_names(context: str, question: str, answer: str, words: Container[str] 
     named: set[str] = set()  # seen where a capital shows a name, not a sentence's opening
     for m in _NAME.finditer(context):
         name, start = m.group(0), m.start()
-        if name.lower() in STOPWORDS or name.lower() in asked or name.lower() in words:
+        if name.lower() in FUNCTION_WORDS or name.lower() in asked or name.lower() in words:
             continue
         counts[name] = counts.get(name, 0) + 1
         # A word capitalised only for opening a sentence is no name ("The", "Memory").

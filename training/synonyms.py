@@ -28,9 +28,11 @@ PARTS_OF_SPEECH = ("noun", "verb", "adj", "adv")
 _WORD = re.compile(r"^[a-z][a-z-]*[a-z]$")
 # Adjective lemmas carry a syntactic marker in the data files: "extra(a)", "galore(ip)".
 _ADJECTIVE_MARKER = re.compile(r"\((a|p|ip)\)$")
-# Function words WordNet also lists (as nouns and adverbs: "an" for actinon, "do" for ditto): swapping
-# one changes nothing a reader matches on, or garbles the question.
-STOPWORDS = frozenset("""a an the and or but if of to in on at by for with from as is are was were be been being am
+# Function words WordNet also lists (as nouns and adverbs: "an" for actinon, "do" for ditto):
+# swapping one changes nothing a reader matches on, or garbles the question. Not shared with
+# storage.chunk_index's BM25 stopwords: training may import only the engine, and that list also
+# drops question words ("tell", "find").
+FUNCTION_WORDS = frozenset("""a an the and or but if of to in on at by for with from as is are was were be been being am
 do does did done doing have has had having i me my we our you your he him his she her it its they them their this that
 these those what which who whom whose when where why how not no yes can could may might must shall should will would
 there here than then so too very just also only about into over under up down out off again once all any both each
@@ -69,13 +71,13 @@ def build_synonyms(wordnet_dir: Path = WORDNET_DIR) -> dict[str, list[str]]:
     best: dict[str, tuple[int, str, int]] = {}  # lemma -> (tagged uses, pos, offset)
     for pos in PARTS_OF_SPEECH:
         for lemma, (tagged, offset) in _first_senses(wordnet_dir / f"index.{pos}").items():
-            if _WORD.match(lemma) and lemma not in STOPWORDS and (lemma not in best or tagged > best[lemma][0]):
+            if _WORD.match(lemma) and lemma not in FUNCTION_WORDS and (lemma not in best or tagged > best[lemma][0]):
                 best[lemma] = tagged, pos, offset
     data = {pos: (wordnet_dir / f"data.{pos}").read_bytes() for pos in PARTS_OF_SPEECH}
     synonyms = {}
     for lemma, (_, pos, offset) in sorted(best.items()):
         others = sorted({w for w in _synset_words(data[pos], offset)
-                         if w != lemma and _WORD.match(w) and w not in STOPWORDS})
+                         if w != lemma and _WORD.match(w) and w not in FUNCTION_WORDS})
         if others:
             synonyms[lemma] = others
     return synonyms

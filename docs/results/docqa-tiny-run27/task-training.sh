@@ -8,6 +8,8 @@
 # with models/docqa-tiny/*.safetensors and docs/journal/2026-12-02-evidence.tar.xz deleted from the
 # working tree for the call. RESUME=1 continues .train-ckpt/ft27.pt on the same warm machine.
 # The bf16 weights are left in /tmp/next27 for eval-gpu.sh (a call of its own on the warm machine).
+# Ran 2026-12-07 as `MIN=6 TOTAL=6 bash docs/results/docqa-tiny-run27/task-training.sh` on one H100
+# (4,133 steps, 6.0 min; log: train-log.json beside this script).
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD

@@ -16,9 +16,10 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,memory.total --format=csv
 mkdir -p /tmp/data /tmp/next27 .train-ckpt
 [ -f /tmp/data/corpus.pt ] || xz -T8 -dc .device-data/tasks-corpus.pt.xz > /tmp/data/corpus.pt
-cp models/docqa-tiny/tokenizer.json .device-data/init26/{tokenizer_config.json,generation_config.json,docqa.json} /tmp/next27/
-[ -f .device-data/init26/tokenizer.json ] || cp models/docqa-tiny/tokenizer.json .device-data/init26/
-if [ "${RESUME:-0}" = 1 ]; then START="--resume .train-ckpt/ft27.pt"; else START="--init-from .device-data/init26 --start-stage 3"; fi
+INIT=${INIT:-.device-data/init26}  # the weights to start from (run 27 started from run 26's)
+cp models/docqa-tiny/tokenizer.json $INIT/{tokenizer_config.json,generation_config.json,docqa.json} /tmp/next27/
+[ -f $INIT/tokenizer.json ] || cp models/docqa-tiny/tokenizer.json $INIT/
+if [ "${RESUME:-0}" = 1 ]; then START="--resume .train-ckpt/ft27.pt"; else START="--init-from $INIT --start-stage 3"; fi
 python3 -m training.train --data /tmp/data --model-dir /tmp/next27 $START --minutes ${MIN:-8} \
   --total-minutes ${TOTAL:-15} --batch-size 96 --lr 2e-4 --seed 76 --workers 12 --near-miss-share 0.25 \
   --reword-share 0.5 --synonyms .device-data/synonyms.json.xz \

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from training.reworded_questions import OPENINGS, reword, topic_names
+from training.reworded_questions import OPENINGS, one_token_words, reword, topic_names
 from training.synonyms import build_synonyms, read_synonyms, write_synonyms
 
 # WordNet 3.0's format: index.<pos> lines "lemma pos synset_cnt p_cnt [ptrs] sense_cnt tagsense_cnt
@@ -148,3 +148,11 @@ def test_the_sampler_rewords_its_share_of_questions_and_nothing_else(task, items
         sampler(reword_share=0.5)
     with pytest.raises(ValueError, match="reword_share"):
         sampler(reword_share=2.0, synonyms=synonyms)
+
+
+def test_common_words_are_those_one_token_of_the_models_tokenizer_holds():
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(__file__).resolve().parents[1] / "models/docqa-tiny/tokenizer.json"))
+    common = one_token_words(lambda text: tokenizer.encode(text).ids)
+    assert common("default") and not common("suppression") and not common("galore")

@@ -36,7 +36,7 @@ from typing import Any
 from engine.method.sentences import split_sentences
 from tools.pdf_questions import SOURCES, PdfSource, app_over, holds_answer, known_sources, read_passage_alone, read_pdf
 from training.cloze_questions import cloze_example, occurrences
-from training.reworded_questions import Rewording
+from training.reworded_questions import Rewording, one_token_words
 from training.sentence_questions import context_window, questions_for
 
 KINDS = ("rule, training wording", "rule, held-out wording", "cloze", "parsed", "parsed, reworded")
@@ -166,7 +166,7 @@ def probe(model_dir: Path, out_dir: Path, only: Iterable[str] | None = None, per
         from training.synonyms import build_synonyms
 
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        rewording = Rewording(build_synonyms(), lambda word: len(tokenizer.encode(" " + word).ids) == 1)
+        rewording = Rewording(build_synonyms(), one_token_words(lambda text: tokenizer.encode(text).ids))
     except FileNotFoundError as e:
         progress(f"no reworded questions: {e}")
     # A generator per source, so that a source's questions do not depend on which others are asked.

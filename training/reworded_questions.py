@@ -134,6 +134,12 @@ def reword(question: str, answer: str, context: str, synonyms: Mapping[str, Sequ
     return body + ("?" if mark and rng.random() >= NO_MARK_SHARE else "")
 
 
+def one_token_words(encode: Callable[[str], Sequence[int]]) -> Callable[[str], bool]:
+    """Whether a word after a space is one token of `encode`'s tokenizer (text -> ids): a word
+    common in the text the tokenizer was fitted on, so common enough to swap in."""
+    return lambda word: len(encode(" " + word)) == 1
+
+
 @dataclass(frozen=True)
 class Rewording:
     """`reword` with its word lists bound: training.synonyms' map, and which words are common

@@ -30,7 +30,7 @@ import torch
 from engine.method.sentences import split_sentences
 from training import relations
 from training.cloze_questions import cloze_example
-from training.reworded_questions import Rewording
+from training.reworded_questions import Rewording, one_token_words
 
 ROLE_PAD, ROLE_PREFIX, ROLE_CHUNK, ROLE_QUERY, ROLE_ANSWER = -1, 0, 1, 2, 3
 REPEAT_HAYSTACK = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -113,7 +113,7 @@ class TaskSampler:
         if reword_share and synonyms is None:
             raise ValueError("rewording questions needs a synonym map (training.synonyms)")
         self.reword_share = reword_share
-        self.rewording = Rewording(synonyms, self._one_token) if synonyms is not None else None
+        self.rewording = Rewording(synonyms, one_token_words(encode)) if synonyms is not None else None
         # Of the unanswerable examples of the tasks that ask over real text (sentence_qa, parsed_qa,
         # hotpot), the share that are near misses: passages on the question's topic that do not hold
         # its answer, as a search finds for a question the document cannot answer. 0 draws the
@@ -515,10 +515,6 @@ class TaskSampler:
         if self.reword_share and r.random() < self.reword_share:
             question = self.rewording(question, item["answer"], item["context"], r)
         return Example(chunks, self.encode(question), self._answer(answer))
-
-    def _one_token(self, word: str) -> bool:
-        """Whether `word` after a space is one token of the tokenizer: a word common in its text."""
-        return len(self.encode(" " + word)) == 1
 
     def cloze_qa(self, k: int) -> Example:
         """A cloze question (training.cloze_questions: a span of a real sentence blanked and asked,

@@ -651,6 +651,60 @@ def test_questions_over_a_context_hold_their_answer_or_say_not_found(task, items
                     TOK.decode, layout, 128, 64, seed=3, task_weights={task: 1})
 
 
+def test_decoys_hold_a_value_of_the_asked_kind_about_another_subject():
+    from training.decoy_values import decoy_sentence, subject_words, value_kind
+
+    assert [value_kind(a) for a in ("8080", " --log-file ", "Thomas Leonard", "a full or relative path",
+                                    "8080 or 8443")] == ["number", "identifier", "name", None, None]
+    avoid = subject_words(["What is the default timeout?", "Which timeout is used by default?"])
+    assert avoid == {"timeout"}
+    paragraph = ("The default timeout is 30 seconds for new installs. The cache keeps 64 entries in all. Short. "
+                 "The north gate opens early in the morning for visitors. The archive holds 12 maps of the coast.")
+    rng = random.Random(0)
+    drawn = {decoy_sentence(paragraph, "number", avoid, "30", rng) for _ in range(40)}
+    # never the sentence naming the question's subject, one without a number, or one too short
+    assert drawn == {"The cache keeps 64 entries in all.", "The archive holds 12 maps of the coast."}
+    assert decoy_sentence(paragraph, "name", avoid, "30", rng) is None
+    assert decoy_sentence(paragraph, "number", avoid | {"cache", "archive"}, "30", rng) is None
+
+
+def test_near_misses_show_decoys_and_still_say_not_found():
+    from training import relations
+
+    items = [{"context": f"Options are read at start. The default timeout is {i} seconds. Restart to apply.",
+              "answer": str(i), "questions": ["What is the default timeout?", "Which timeout is used by default?"]}
+             for i in range(20)]
+    decoys = [f" The archive in the east wing holds {i} old maps." for i in range(10)]
+    corpus = _corpus() | {"text_paragraphs": _flat([TOK.encode(t).ids for t in decoys]), "sentence_questions": items}
+    layout = make_layout(BUNDLED_MODEL, model_config(TOK))
+
+    def sampler(**shares):
+        return TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=5,
+                           task_weights={"sentence_qa": 1}, **shares)
+
+    with_decoys, without = sampler(near_miss_share=1.0, decoy_share=0.5), sampler(near_miss_share=1.0)
+    shown = 0
+    for _ in range(300):
+        ex = with_decoys.sample(4, scoring_share=0.0)
+        answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+        near_miss = [TOK.decode(c) for c in ex.chunks if "Options are read at start." in TOK.decode(c)]
+        if answer != relations.NOT_FOUND or not near_miss:
+            continue
+        assert "default timeout" not in near_miss[0]
+        shown += "old maps." in near_miss[0]
+    assert shown > 10
+    # Without decoys (the default), near misses are drawn as before decoys existed.
+    plain = sampler(near_miss_share=1.0)
+    for _ in range(100):
+        a, b = without.sample(4, scoring_share=0.0), plain.sample(4, scoring_share=0.0)
+        assert (a.chunks, a.question_ids, a.answer_ids) == (b.chunks, b.question_ids, b.answer_ids)
+        assert not any("old maps." in TOK.decode(c) and "Options are read" in TOK.decode(c) for c in a.chunks)
+    with pytest.raises(ValueError, match="decoy_share"):
+        sampler(near_miss_share=1.0, decoy_share=1.5)
+    with pytest.raises(ValueError, match="needs near_miss_share"):
+        sampler(decoy_share=0.5)
+
+
 def test_cloze_blanks_are_numbers_identifiers_names_and_quoted_terms():
     from training.cloze_questions import blanks
 

@@ -30,6 +30,7 @@ import torch
 from engine.method.sentences import split_sentences
 from training import relations
 from training.cloze_questions import cloze_example
+from training.decoy_values import decoy_sentence, subject_words, value_kind
 from training.reworded_questions import Rewording, one_token_words
 
 ROLE_PAD, ROLE_PREFIX, ROLE_CHUNK, ROLE_QUERY, ROLE_ANSWER = -1, 0, 1, 2, 3
@@ -78,6 +79,9 @@ LOOKUP_GENERATED_NOT_FOUND_SHARE = 0.0
 # Paragraphs cloze_qa draws before it gives up: about one in seven real paragraphs has a sentence
 # of prose with something to ask, so 200 failing in a row means a corpus without prose.
 CLOZE_TRIES = 200
+# Paragraphs a near miss draws for a decoy before it is shown without one (most paragraphs hold a
+# sentence of prose with a number, identifier or name, so a few tries nearly always find one).
+DECOY_TRIES = 20
 TEXT_DENOISING_TARGET = 48  # tokens of text the text_denoising task restores after its chunk
 # Tokens of one text_mdm sequence: three chunks' worth, so that a word is read in more context than
 # one chunk gives, while a batch of them costs about what a batch of K = 4 examples does.
@@ -103,7 +107,8 @@ class TaskSampler:
                  seed: int, task_weights: dict[str, float] | None = None,
                  niah_variant_weights: dict[str, float] | None = None,
                  multiquery_keys: tuple[int, ...] | None = None, near_miss_share: float = 0.0,
-                 reword_share: float = 0.0, synonyms: Mapping[str, Sequence[str]] | None = None) -> None:
+                 reword_share: float = 0.0, synonyms: Mapping[str, Sequence[str]] | None = None,
+                 decoy_share: float = 0.0) -> None:
         self.rng = random.Random(seed)
         # Of sentence_qa's and parsed_qa's questions, the share reworded as people ask
         # (training.reworded_questions, with `synonyms` from training.synonyms). 0 draws the streams
@@ -121,6 +126,14 @@ class TaskSampler:
         if not 0.0 <= near_miss_share <= 1.0:
             raise ValueError(f"near_miss_share must be within [0, 1], got {near_miss_share}")
         self.near_miss_share = near_miss_share
+        # Of sentence_qa's and parsed_qa's near misses, the share shown with a decoy besides: a
+        # sentence from elsewhere in the corpus holding a value of the answer's kind about another
+        # subject (training.decoy_values). 0 draws the streams of the runs before decoys existed.
+        if not 0.0 <= decoy_share <= 1.0:
+            raise ValueError(f"decoy_share must be within [0, 1], got {decoy_share}")
+        if decoy_share and not near_miss_share:
+            raise ValueError("decoys are shown in near misses: decoy_share needs near_miss_share")
+        self.decoy_share = decoy_share
         # How many keys a multi-query question asks for, drawn uniformly from this list; None draws
         # 2-4 uniformly (the default stream). RULER's niah_multiquery always asks for 4.
         if multiquery_keys is not None and (not multiquery_keys or any(not 1 <= n <= 4 for n in multiquery_keys)):
@@ -507,14 +520,33 @@ class TaskSampler:
         if answerable:
             chunks[r.randrange(k)] = context
         elif self.near_miss_share and r.random() < self.near_miss_share:
-            rest = " ".join(s for s in split_sentences(item["context"]) if item["answer"] not in s)
+            rest = [s for s in split_sentences(item["context"]) if item["answer"] not in s]
+            if self.decoy_share and r.random() < self.decoy_share:
+                decoy = self._decoy(item)
+                if decoy is not None:
+                    rest.insert(r.randrange(len(rest) + 1), decoy)
             if rest:
-                chunks[r.randrange(k)] = self.encode(" " + rest)[: self.c - 1]
+                chunks[r.randrange(k)] = self.encode(" " + " ".join(rest))[: self.c - 1]
         answer = item["answer"] if answerable else relations.NOT_FOUND
         question = r.choice(item["questions"])
         if self.reword_share and r.random() < self.reword_share:
             question = self.rewording(question, item["answer"], item["context"], r)
         return Example(chunks, self.encode(question), self._answer(answer))
+
+    def _decoy(self, item: dict) -> str | None:
+        """A sentence of a random corpus paragraph holding a value of the kind `item`'s answer is,
+        about none of the subjects its questions name (training.decoy_values), or None."""
+        kind = value_kind(item["answer"])
+        if kind is None:
+            return None
+        avoid = subject_words(item["questions"])
+        for _ in range(DECOY_TRIES):
+            j = self.rng.randrange(len(self.text_off) - 1)
+            paragraph = self.decode(self.text_tok[self.text_off[j]:self.text_off[j + 1]].tolist())
+            found = decoy_sentence(paragraph, kind, avoid, item["answer"], self.rng)
+            if found is not None:
+                return found
+        return None
 
     def cloze_qa(self, k: int) -> Example:
         """A cloze question (training.cloze_questions: a span of a real sentence blanked and asked,

@@ -117,7 +117,8 @@ class RewordingOption:
 
 def task_sampler(corpus_path: Path, model_dir: Path, layout: Layout, seed: int, task_weights: dict[str, float],
                  niah_variant_weights: dict[str, float], multiquery_keys: tuple[int, ...] | None = None,
-                 near_miss_share: float = 0.0, rewording: RewordingOption | None = None) -> TaskSampler:
+                 near_miss_share: float = 0.0, rewording: RewordingOption | None = None,
+                 decoy_share: float = 0.0) -> TaskSampler:
     """The training's example source: the prepared corpus, the model's tokenizer, chunks of
     CHUNK_SIZE and answers of ANSWER_LEN tokens."""
     corpus = torch.load(corpus_path, weights_only=False)
@@ -126,7 +127,8 @@ def task_sampler(corpus_path: Path, model_dir: Path, layout: Layout, seed: int, 
                        task_weights=task_weights, niah_variant_weights=niah_variant_weights,
                        multiquery_keys=multiquery_keys, near_miss_share=near_miss_share,
                        reword_share=rewording.share if rewording else 0.0,
-                       synonyms=read_synonyms(rewording.synonyms) if rewording else None)
+                       synonyms=read_synonyms(rewording.synonyms) if rewording else None,
+                       decoy_share=decoy_share)
 
 
 
@@ -134,9 +136,11 @@ class Batches(torch.utils.data.IterableDataset):
     """Endless batches; each worker has its own seeded sampler; the stage comes from a shared value."""
 
     def __init__(self, corpus_path, model_dir, cfg, layout, batch_size, seed, stage, task_weights,
-                 niah_variant_weights, multiquery_keys=None, near_miss_share=0.0, rewording=None) -> None:
+                 niah_variant_weights, multiquery_keys=None, near_miss_share=0.0, rewording=None,
+                 decoy_share=0.0) -> None:
         self.corpus_path, self.model_dir, self.cfg = corpus_path, model_dir, cfg
         self.multiquery_keys, self.near_miss_share, self.rewording = multiquery_keys, near_miss_share, rewording
+        self.decoy_share = decoy_share
         self.layout, self.batch_size, self.seed, self.stage = layout, batch_size, seed, stage
         self.task_weights, self.niah_variant_weights = task_weights, niah_variant_weights
 
@@ -145,7 +149,7 @@ class Batches(torch.utils.data.IterableDataset):
         wid = info.id if info else 0
         sampler = task_sampler(self.corpus_path, self.model_dir, self.layout, self.seed * 1000 + wid,
                                self.task_weights, self.niah_variant_weights, self.multiquery_keys,
-                               self.near_miss_share, self.rewording)
+                               self.near_miss_share, self.rewording, self.decoy_share)
         rng = random.Random(self.seed * 7919 + wid)
         while True:
             ks = CURRICULUM[self.stage.value][1]
@@ -281,6 +285,10 @@ def main() -> None:
     ap.add_argument("--near-miss-share", type=_share, default=0.0,
                     help="of the unanswerable examples of sentence_qa, parsed_qa and hotpot, the share shown "
                          "passages on the question's topic without its answer (default 0: none)")
+    ap.add_argument("--decoy-share", type=_share, default=0.0,
+                    help="of sentence_qa's and parsed_qa's near misses, the share shown a decoy besides: a "
+                         "sentence holding a value of the answer's kind about another subject "
+                         "(training.decoy_values; needs --near-miss-share; default 0: none)")
     ap.add_argument("--reword-share", type=_share, default=0.0,
                     help="of sentence_qa's and parsed_qa's questions, the share reworded as people ask "
                          "(training.reworded_questions; needs --synonyms; default 0: none)")
@@ -290,6 +298,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.reword_share and (args.synonyms is None or not args.synonyms.is_file()):
         ap.error("--reword-share needs --synonyms, the file training.synonyms writes")
+    if args.decoy_share and not args.near_miss_share:
+        ap.error("--decoy-share needs --near-miss-share: decoys are shown in near misses")
     rank, world = _start_data_parallel()
     lead = rank == 0  # logs, checkpoints and exports
     torch.manual_seed(args.seed)  # the same initial weights on every rank
@@ -349,7 +359,8 @@ def main() -> None:
     data = torch.utils.data.DataLoader(
         Batches(args.data / "corpus.pt", args.model_dir, cfg, layout, args.batch_size, data_seed, stage,
                 args.task_weights, args.niah_variant_weights, args.multiquery_keys, args.near_miss_share,
-                RewordingOption(args.reword_share, args.synonyms) if args.reword_share else None),
+                RewordingOption(args.reword_share, args.synonyms) if args.reword_share else None,
+                args.decoy_share),
         batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0,
         prefetch_factor=4 if args.workers > 0 else None, pin_memory=device.type == "cuda")
     gen = torch.Generator(device=device).manual_seed(data_seed)
@@ -427,7 +438,7 @@ def main() -> None:
             "parameters": n_params, "chunk_size": CHUNK_SIZE, "curriculum": CURRICULUM,
             "task_weights": args.task_weights, "niah_variant_weights": args.niah_variant_weights,
             "multiquery_keys": args.multiquery_keys, "near_miss_share": args.near_miss_share,
-            "reword_share": args.reword_share,
+            "reword_share": args.reword_share, "decoy_share": args.decoy_share,
             "init_from": init_from, "start_stage": start_stage,
             "pool_kv_heads": args.pool_kv_heads,
             "lr": args.lr, "total_minutes": args.total_minutes}

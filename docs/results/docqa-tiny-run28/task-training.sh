@@ -2,8 +2,9 @@
 # Run 28: run 27's weights (int8, .device-data/init27: models/docqa-tiny at commit af1a246 without
 # its tokenizer.json, to stay within the 64 MiB a call carries) trained on with run 27's mix, plus:
 # more near misses (0.25 -> 0.4 of the unanswerable sentence_qa, parsed_qa and hotpot examples),
-# half of sentence_qa's and parsed_qa's near misses shown a decoy value of the answer's kind about
-# another subject (--decoy-share 0.5, training.decoy_values), and NIAH multi-value weighted 6 -> 8.
+# three quarters of sentence_qa's and parsed_qa's near misses shown a decoy value of the answer's
+# kind about another subject (--decoy-share 0.75, training.decoy_values), and NIAH multi-value
+# weighted 6 -> 8.
 # From the last curriculum stage; TOTAL minutes in all, MIN this call; RESUME=1 continues
 # .train-ckpt/ft28.pt on the same warm machine. Carry: .whl .device-data/tasks-corpus.pt.xz
 # .device-data/init27 .device-data/synonyms.json.xz, with models/docqa-tiny/*.safetensors and
@@ -21,7 +22,7 @@ cp models/docqa-tiny/tokenizer.json $INIT/{tokenizer_config.json,generation_conf
 if [ "${RESUME:-0}" = 1 ]; then START="--resume .train-ckpt/ft28.pt"; else START="--init-from $INIT --start-stage 3"; fi
 python3 -m training.train --data /tmp/data --model-dir /tmp/next28 $START --minutes ${MIN:-8} \
   --total-minutes ${TOTAL:-15} --batch-size 96 --lr 2e-4 --seed 78 --workers 12 --near-miss-share 0.4 \
-  --decoy-share 0.5 --reword-share 0.5 --synonyms .device-data/synonyms.json.xz \
+  --decoy-share 0.75 --reword-share 0.5 --synonyms .device-data/synonyms.json.xz \
   --task-weights niah=6,kv_retrieval=1,hotpot=4,which_document=1,lookup=5,sentence_qa=3,parsed_qa=5,text_mdm=5 \
   --niah-variant-weights single=3,multikey=3,multivalue=8,multiquery=2,absent=2 \
   --checkpoint .train-ckpt/ft28.pt --log-file $OUT/ft28-log${RESUME:-0}.json 2>&1 | grep -v Warning | awk 'NR%5==1 || /done|model:|rror/' | tail -30

@@ -1,8 +1,10 @@
 """Draws the bundled model's training curve from the run logs: loss and masked-token accuracy
 over the steps of all runs, one colour a run.
 
-    python -m training.plot_curve docs/results/docqa-tiny-{pretrain-2026-12-06,run23,run24,run25,run26}/train-log.json \
-        --labels pretraining "run 23" "run 24" "run 25" "run 26" --out models/docqa-tiny/loss_curve.png
+    python -m training.plot_curve \
+        docs/results/docqa-tiny-{pretrain-2026-12-06,run23,run24,run25,run26,run27,run28}/train-log.json \
+        --labels pretraining "run 23" "run 24" "run 25" "run 26" "run 27" "run 28" \
+        --out models/docqa-tiny/loss_curve.png
 """
 
 from __future__ import annotations

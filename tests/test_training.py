@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import os
@@ -658,8 +659,9 @@ def test_decoys_hold_a_value_of_the_asked_kind_about_another_subject():
                                     "8080 or 8443")] == ["number", "identifier", "name", None, None]
     avoid = subject_words(["What is the default timeout?", "Which timeout is used by default?"])
     assert avoid == {"timeout"}
-    paragraph = ("The default timeout is 30 seconds for new installs. The cache keeps 64 entries in all. Short. "
-                 "The north gate opens early in the morning for visitors. The archive holds 12 maps of the coast.")
+    paragraph = ("The default timeout is 30 seconds for new installs. The cache keeps 64 entries in all. It holds "
+                 "5 maps. The north gate opens early in the morning for visitors. The archive holds 12 maps of the "
+                 "coast.")
     rng = random.Random(0)
     drawn = {decoy_sentence(paragraph, "number", avoid, "30", rng) for _ in range(40)}
     # never the sentence naming the question's subject, one without a number, or one too short
@@ -682,7 +684,7 @@ def test_near_misses_show_decoys_and_still_say_not_found():
         return TaskSampler(corpus, lambda s: TOK.encode(s).ids, TOK.decode, layout, 128, 64, seed=5,
                            task_weights={"sentence_qa": 1}, **shares)
 
-    with_decoys, without = sampler(near_miss_share=1.0, decoy_share=0.5), sampler(near_miss_share=1.0)
+    with_decoys = sampler(near_miss_share=1.0, decoy_share=0.5)
     shown = 0
     for _ in range(300):
         ex = with_decoys.sample(4, scoring_share=0.0)
@@ -693,12 +695,14 @@ def test_near_misses_show_decoys_and_still_say_not_found():
         assert "default timeout" not in near_miss[0]
         shown += "old maps." in near_miss[0]
     assert shown > 10
-    # Without decoys (the default), near misses are drawn as before decoys existed.
-    plain = sampler(near_miss_share=1.0)
+    # Without decoys (share 0, the default), near misses are drawn as before decoys existed: the
+    # digest of these 100 examples as the sampler drew them then (at af1a246).
+    without, digest = sampler(near_miss_share=1.0, decoy_share=0.0), hashlib.sha256()
     for _ in range(100):
-        a, b = without.sample(4, scoring_share=0.0), plain.sample(4, scoring_share=0.0)
-        assert (a.chunks, a.question_ids, a.answer_ids) == (b.chunks, b.question_ids, b.answer_ids)
-        assert not any("old maps." in TOK.decode(c) and "Options are read" in TOK.decode(c) for c in a.chunks)
+        ex = without.sample(4, scoring_share=0.0)
+        digest.update(repr((ex.chunks, ex.question_ids, ex.answer_ids)).encode())
+        assert not any("old maps." in TOK.decode(c) and "Options are read" in TOK.decode(c) for c in ex.chunks)
+    assert digest.hexdigest() == "da917aca3543e46f1d16a14193c81b29de19f6b564ccc1a30ec35d5db918680e"
     with pytest.raises(ValueError, match="decoy_share"):
         sampler(near_miss_share=1.0, decoy_share=1.5)
     with pytest.raises(ValueError, match="needs near_miss_share"):

@@ -521,8 +521,9 @@ class TaskSampler:
             chunks[r.randrange(k)] = context
         elif self.near_miss_share and r.random() < self.near_miss_share:
             rest = [s for s in split_sentences(item["context"]) if item["answer"] not in s]
-            if self.decoy_share and r.random() < self.decoy_share:
-                decoy = self._decoy(item)
+            # A passage whose every sentence holds the answer leaves nothing on topic to hide a decoy in.
+            if rest and self.decoy_share and r.random() < self.decoy_share:
+                decoy = self._decoy(item, r)
                 if decoy is not None:
                     rest.insert(r.randrange(len(rest) + 1), decoy)
             if rest:
@@ -533,17 +534,18 @@ class TaskSampler:
             question = self.rewording(question, item["answer"], item["context"], r)
         return Example(chunks, self.encode(question), self._answer(answer))
 
-    def _decoy(self, item: dict) -> str | None:
+    def _decoy(self, item: dict, r: random.Random) -> str | None:
         """A sentence of a random corpus paragraph holding a value of the kind `item`'s answer is,
         about none of the subjects its questions name (training.decoy_values), or None."""
-        kind = value_kind(item["answer"])
+        answer = item["answer"].strip()
+        kind = value_kind(answer)
         if kind is None:
             return None
         avoid = subject_words(item["questions"])
         for _ in range(DECOY_TRIES):
-            j = self.rng.randrange(len(self.text_off) - 1)
+            j = r.randrange(len(self.text_off) - 1)
             paragraph = self.decode(self.text_tok[self.text_off[j]:self.text_off[j + 1]].tolist())
-            found = decoy_sentence(paragraph, kind, avoid, item["answer"], self.rng)
+            found = decoy_sentence(paragraph, kind, avoid, answer, r)
             if found is not None:
                 return found
         return None

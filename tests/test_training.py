@@ -708,6 +708,21 @@ def test_near_misses_show_decoys_and_still_say_not_found():
     with pytest.raises(ValueError, match="needs near_miss_share"):
         sampler(decoy_share=0.5)
 
+    # Answerable examples may hold a decoy too, beside the sentence that answers: the answer stays.
+    with_answerable_decoys, seen, with_decoy = sampler(answerable_decoy_share=0.5), 0, 0
+    for _ in range(300):
+        ex = with_answerable_decoys.sample(4, scoring_share=0.0)
+        answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+        if answer == relations.NOT_FOUND:
+            continue
+        shown = next(TOK.decode(c) for c in ex.chunks if "Options are read at start." in TOK.decode(c))
+        assert f"The default timeout is {answer} seconds." in shown
+        seen += 1
+        with_decoy += "old maps." in shown
+    assert seen > 100 and 0.3 * seen < with_decoy < 0.7 * seen
+    with pytest.raises(ValueError, match="answerable_decoy_share"):
+        sampler(answerable_decoy_share=-0.1)
+
 
 def test_cloze_blanks_are_numbers_identifiers_names_and_quoted_terms():
     from training.cloze_questions import blanks

@@ -108,7 +108,7 @@ class TaskSampler:
                  niah_variant_weights: dict[str, float] | None = None,
                  multiquery_keys: tuple[int, ...] | None = None, near_miss_share: float = 0.0,
                  reword_share: float = 0.0, synonyms: Mapping[str, Sequence[str]] | None = None,
-                 decoy_share: float = 0.0) -> None:
+                 decoy_share: float = 0.0, answerable_decoy_share: float = 0.0) -> None:
         self.rng = random.Random(seed)
         # Of sentence_qa's and parsed_qa's questions, the share reworded as people ask
         # (training.reworded_questions, with `synonyms` from training.synonyms). 0 draws the streams
@@ -134,6 +134,14 @@ class TaskSampler:
         if decoy_share and not near_miss_share:
             raise ValueError("decoys are shown in near misses: decoy_share needs near_miss_share")
         self.decoy_share = decoy_share
+        # Of sentence_qa's and parsed_qa's answerable examples, the share whose context holds a decoy
+        # too: the same kind of value about another subject beside the answer. Decoys only in
+        # unanswerable examples teach "a decoy in view means not found", and a model that cannot tell
+        # the decoy from the answer refuses both; with decoys on both sides only telling them apart
+        # pays. 0 draws the streams of the runs before it existed.
+        if not 0.0 <= answerable_decoy_share <= 1.0:
+            raise ValueError(f"answerable_decoy_share must be within [0, 1], got {answerable_decoy_share}")
+        self.answerable_decoy_share = answerable_decoy_share
         # How many keys a multi-query question asks for, drawn uniformly from this list; None draws
         # 2-4 uniformly (the default stream). RULER's niah_multiquery always asks for 4.
         if multiquery_keys is not None and (not multiquery_keys or any(not 1 <= n <= 4 for n in multiquery_keys)):
@@ -518,6 +526,8 @@ class TaskSampler:
         # A context cut at the chunk's end may lose its answer: then it is not shown at all.
         answerable = r.random() >= LOOKUP_NOT_FOUND_SHARE and item["answer"] in self.decode(context)
         if answerable:
+            if self.answerable_decoy_share and r.random() < self.answerable_decoy_share:
+                context = self._with_decoy(item, context, r)
             chunks[r.randrange(k)] = context
         elif self.near_miss_share and r.random() < self.near_miss_share:
             rest = [s for s in split_sentences(item["context"]) if item["answer"] not in s]
@@ -533,6 +543,17 @@ class TaskSampler:
         if self.reword_share and r.random() < self.reword_share:
             question = self.rewording(question, item["answer"], item["context"], r)
         return Example(chunks, self.encode(question), self._answer(answer))
+
+    def _with_decoy(self, item: dict, context: list[int], r: random.Random) -> list[int]:
+        """`item`'s context (tokens, cut to a chunk) with a decoy sentence put between two of its
+        sentences, if one is found and the answer still fits in the chunk; else `context` as it was."""
+        decoy = self._decoy(item, r)
+        if decoy is None:
+            return context
+        sentences = split_sentences(item["context"])
+        sentences.insert(r.randrange(len(sentences) + 1), decoy)
+        shown = self.encode(" " + " ".join(sentences))[: self.c - 1]
+        return shown if item["answer"] in self.decode(shown) else context
 
     def _decoy(self, item: dict, r: random.Random) -> str | None:
         """A sentence of a random corpus paragraph holding a value of the kind `item`'s answer is,

@@ -118,7 +118,7 @@ class RewordingOption:
 def task_sampler(corpus_path: Path, model_dir: Path, layout: Layout, seed: int, task_weights: dict[str, float],
                  niah_variant_weights: dict[str, float], multiquery_keys: tuple[int, ...] | None = None,
                  near_miss_share: float = 0.0, rewording: RewordingOption | None = None,
-                 decoy_share: float = 0.0) -> TaskSampler:
+                 decoy_share: float = 0.0, answerable_decoy_share: float = 0.0) -> TaskSampler:
     """The training's example source: the prepared corpus, the model's tokenizer, chunks of
     CHUNK_SIZE and answers of ANSWER_LEN tokens."""
     corpus = torch.load(corpus_path, weights_only=False)
@@ -128,7 +128,7 @@ def task_sampler(corpus_path: Path, model_dir: Path, layout: Layout, seed: int, 
                        multiquery_keys=multiquery_keys, near_miss_share=near_miss_share,
                        reword_share=rewording.share if rewording else 0.0,
                        synonyms=read_synonyms(rewording.synonyms) if rewording else None,
-                       decoy_share=decoy_share)
+                       decoy_share=decoy_share, answerable_decoy_share=answerable_decoy_share)
 
 
 
@@ -137,10 +137,10 @@ class Batches(torch.utils.data.IterableDataset):
 
     def __init__(self, corpus_path, model_dir, cfg, layout, batch_size, seed, stage, task_weights,
                  niah_variant_weights, multiquery_keys=None, near_miss_share=0.0, rewording=None,
-                 decoy_share=0.0) -> None:
+                 decoy_share=0.0, answerable_decoy_share=0.0) -> None:
         self.corpus_path, self.model_dir, self.cfg = corpus_path, model_dir, cfg
         self.multiquery_keys, self.near_miss_share, self.rewording = multiquery_keys, near_miss_share, rewording
-        self.decoy_share = decoy_share
+        self.decoy_share, self.answerable_decoy_share = decoy_share, answerable_decoy_share
         self.layout, self.batch_size, self.seed, self.stage = layout, batch_size, seed, stage
         self.task_weights, self.niah_variant_weights = task_weights, niah_variant_weights
 
@@ -149,7 +149,8 @@ class Batches(torch.utils.data.IterableDataset):
         wid = info.id if info else 0
         sampler = task_sampler(self.corpus_path, self.model_dir, self.layout, self.seed * 1000 + wid,
                                self.task_weights, self.niah_variant_weights, self.multiquery_keys,
-                               self.near_miss_share, self.rewording, self.decoy_share)
+                               self.near_miss_share, self.rewording, self.decoy_share,
+                               self.answerable_decoy_share)
         rng = random.Random(self.seed * 7919 + wid)
         while True:
             ks = CURRICULUM[self.stage.value][1]
@@ -289,6 +290,10 @@ def main() -> None:
                     help="of sentence_qa's and parsed_qa's near misses, the share shown a decoy besides: a "
                          "sentence holding a value of the answer's kind about another subject "
                          "(training.decoy_values; needs --near-miss-share; default 0: none)")
+    ap.add_argument("--answerable-decoy-share", type=_share, default=0.0,
+                    help="of sentence_qa's and parsed_qa's answerable examples, the share whose context holds "
+                         "a decoy besides the answer, so that telling them apart pays, not refusing "
+                         "(default 0: none)")
     ap.add_argument("--reword-share", type=_share, default=0.0,
                     help="of sentence_qa's and parsed_qa's questions, the share reworded as people ask "
                          "(training.reworded_questions; needs --synonyms; default 0: none)")
@@ -360,7 +365,7 @@ def main() -> None:
         Batches(args.data / "corpus.pt", args.model_dir, cfg, layout, args.batch_size, data_seed, stage,
                 args.task_weights, args.niah_variant_weights, args.multiquery_keys, args.near_miss_share,
                 RewordingOption(args.reword_share, args.synonyms) if args.reword_share else None,
-                args.decoy_share),
+                args.decoy_share, args.answerable_decoy_share),
         batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0,
         prefetch_factor=4 if args.workers > 0 else None, pin_memory=device.type == "cuda")
     gen = torch.Generator(device=device).manual_seed(data_seed)
@@ -439,6 +444,7 @@ def main() -> None:
             "task_weights": args.task_weights, "niah_variant_weights": args.niah_variant_weights,
             "multiquery_keys": args.multiquery_keys, "near_miss_share": args.near_miss_share,
             "reword_share": args.reword_share, "decoy_share": args.decoy_share,
+            "answerable_decoy_share": args.answerable_decoy_share,
             "init_from": init_from, "start_stage": start_stage,
             "pool_kv_heads": args.pool_kv_heads,
             "lr": args.lr, "total_minutes": args.total_minutes}

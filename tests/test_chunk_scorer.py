@@ -342,3 +342,48 @@ def test_a_stopped_job_leaves_the_shared_passes_and_the_others_score_on(engines)
     for i in (0, 2):
         want = score_document(runner, docs[i], rows, params, keep_passes=False)
         torch.testing.assert_close(together[i].scores, want.scores, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family,folds", [("dream", None), ("llada", 3)])
+def test_staged_shared_passes_score_as_the_eager_shared_passes(engines, family, folds, monkeypatch):
+    """Where graphs are used, the shared passes copy the runs of several questions' chunks into the
+    runner's staging (room for the rows' KV after each chunk's) and replay one pass a chunk count:
+    each job's scores, token scores and anchors equal the eager shared passes' (their reference),
+    with passes split where they fill, spare items, a one-document run and, the second time, longer
+    questions (the staging grows its room and the passes over the old one are dropped)."""
+    from engine.cuda_graphs import GraphedCall
+    from engine.method import chunk_scorer
+
+    engine = engines[family]
+    runner, cfg = Runner(engine.model, ATTN), engine.config
+    docs = [prefill_document(runner, doc_ids(length, 60, seed=50 + i), chunk_size=16)
+            for i, length in enumerate((5 * 16 - 7, 2 * 16 + 3, 3 * 16 - 1))]
+
+    def jobs_of(lengths):
+        jobs = []
+        for i, (doc, n) in enumerate(zip(docs, lengths, strict=True)):
+            rows = scoring_rows(doc_ids(n, 60, seed=60 + i).tolist(), (1, n - 1), None, 4, cfg.logits_shifted)
+            scorer = "attention" if i == 1 else "self_information"
+            jobs.append(ScoringJob(doc, rows, ScoringParams(scorer=scorer, llada_folds=folds, max_rows=200)))
+        return jobs
+
+    rounds = [jobs_of((11, 7, 9)), jobs_of((19, 17, 21))]
+    want = [score_documents_together(runner, jobs) for jobs in rounds]  # eager, read in place
+    monkeypatch.setattr(Runner, "uses_graphs", property(lambda self: True))
+    monkeypatch.setattr(chunk_scorer, "kept_pool", lambda runner, kind: None)
+    # The passes run eagerly on the CPU: what is tested is the staging, not the capture (test_gpu.py).
+    monkeypatch.setattr(chunk_scorer, "GraphedCall", lambda fn, use_graph, what, pool: GraphedCall(fn, False, what))
+    rooms = []
+    for jobs, wanted in zip(rounds, want, strict=True):
+        got = score_documents_together(runner, jobs)
+        for g, w in zip(got, wanted, strict=True):
+            torch.testing.assert_close(g.scores, w.scores, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(g.anchors, w.anchors, atol=1e-5, rtol=1e-5)
+            if w.token_scores is None:
+                assert g.token_scores is None
+            else:
+                torch.testing.assert_close(g.token_scores, w.token_scores, atol=1e-5, rtol=1e-5)
+        (staging,) = runner.kept_items("scoring staging").values()
+        rooms.append(staging.room)
+        assert all(p.staging is staging for p in runner.kept_items("scoring").values())
+    assert rooms[0] < rooms[1]

@@ -33,7 +33,7 @@ from engine.method.scoring import (
     masking_folds,
     mean_over_targets,
 )
-from engine.model.transformer import AttentionCapture
+from engine.model.transformer import AttentionCapture, KVWithRoom
 from engine.runner import Runner
 
 
@@ -310,33 +310,48 @@ def _scoring_forward(runner: Runner, ids: torch.Tensor, positions: torch.Tensor,
 
 
 class _ScoringInputs:
-    """The fixed-address inputs of a scoring forward over b chunks of C keys for layouts of one
-    shape (rows, read rows, window rows), filled per question (a captured graph reads them)."""
+    """The fixed-address inputs of a scoring forward over b chunk items of C keys for layouts of one
+    shape (rows, read rows, window rows), filled per pass (a captured graph reads them). Each item
+    has its own question's rows and reads; the window rows are at the same indices in every layout
+    of one pass (`_sharing_key`)."""
 
     def __init__(self, runner: Runner, b: int, c: int, shape: tuple[int, int, int]) -> None:
         device, (rows, read, window) = runner.device, shape
         self.ids = torch.zeros(b, rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(b, rows, dtype=torch.long, device=device)
         self.mask = torch.zeros(b, 1, rows, c + rows, dtype=torch.bool, device=device)  # [b, 1, rows, C + rows]
-        self.read = torch.zeros(read, dtype=torch.long, device=device)
-        self.read_tokens = torch.zeros(read, dtype=torch.long, device=device)
+        self.read = torch.zeros(b, read, dtype=torch.long, device=device)  # [b, F*T']
+        self.read_tokens = torch.zeros(b, read, dtype=torch.long, device=device)
         self.window = torch.zeros(window, dtype=torch.long, device=device)
         self.capture = AttentionCapture(tuple(range(runner.cfg.num_layers)), self.window, _attention_summary(c))
 
-    def fill(self, layout: ScoringLayout, lengths: torch.Tensor) -> None:
-        """One question's layout over chunks of `lengths` [b] (on the device; 0: a spare item)."""
-        c = self.mask.shape[-1] - self.ids.shape[1]
-        self.ids.copy_(layout.ids[None].expand_as(self.ids))
-        self.positions.copy_(lengths[:, None] + layout.offsets[None])
+    def fill(self, layouts: Sequence[ScoringLayout], counts: Sequence[int], lengths: torch.Tensor) -> None:
+        """Items [0, counts[0]) take layouts[0], the next counts[1] layouts[1], ...; items past them
+        (spare) take layouts[0]. `lengths` [b] (on the device; 0: a spare item, no chunk key)."""
+        b, c = self.ids.shape[0], self.mask.shape[-1] - self.ids.shape[1]
+        self.positions.copy_(lengths[:, None] + _per_item(layouts, counts, "offsets", b))
+        self.ids.copy_(_per_item(layouts, counts, "ids", b))
         self.mask[:, 0, :, :c] = valid_chunk_keys(lengths, c)[:, None, :]
-        self.mask[:, 0, :, c:] = layout.row_mask[None]
-        self.read.copy_(layout.read)
-        self.read_tokens.copy_(layout.read_tokens)
-        self.window.copy_(layout.window)
+        self.mask[:, 0, :, c:] = _per_item(layouts, counts, "row_mask", b)
+        self.read.copy_(_per_item(layouts, counts, "read", b))
+        self.read_tokens.copy_(_per_item(layouts, counts, "read_tokens", b))
+        self.window.copy_(layouts[0].window)
 
     def forward(self, runner: Runner, past: list) -> tuple[torch.Tensor, torch.Tensor]:
-        return _scoring_forward(runner, self.ids, self.positions, self.mask, past, self.read, self.read_tokens[None],
+        return _scoring_forward(runner, self.ids, self.positions, self.mask, past, self.read, self.read_tokens,
                                 self.capture)
+
+
+def _per_item(layouts: Sequence[ScoringLayout], counts: Sequence[int], name: str, b: int) -> torch.Tensor:
+    """[b, ...]: each item's row of its layout's tensor `name` (see `_ScoringInputs.fill`); one
+    layout is broadcast, several gathered in one index."""
+    if len(layouts) == 1:
+        one = getattr(layouts[0], name)
+        return one[None].expand(b, *one.shape)
+    stacked = torch.stack([getattr(layout, name) for layout in layouts])  # [n_layouts, ...]
+    which = torch.zeros(b, dtype=torch.long)
+    which[:sum(counts)] = torch.repeat_interleave(torch.arange(len(layouts)), torch.tensor(list(counts)))
+    return stacked[which.to(stacked.device)]
 
 
 class ScoringPass:
@@ -349,57 +364,80 @@ class ScoringPass:
         self.inputs = _ScoringInputs(runner, end - start, doc.chunk_size, shape)
 
     def __call__(self, layout: ScoringLayout) -> tuple[torch.Tensor, torch.Tensor]:
-        self.inputs.fill(layout, self.doc.lengths[self.start:self.end].to(self.runner.device))
+        lengths = self.doc.lengths[self.start:self.end].to(self.runner.device)
+        self.inputs.fill([layout], [self.end - self.start], lengths)
         return self.inputs.forward(self.runner, _past(self.doc.keys, self.doc.values, self.start, self.end,
                                                       self.runner.device))
 
 
 @dataclass(frozen=True)
 class ScoringStaging:
-    """KV buffers [L, B, Hkv, C, D] the staged scoring passes of one KV geometry copy chunks into:
-    a pass of b <= B chunks uses the first b (shared by the passes of every b and layout shape:
-    they run one at a time)."""
+    """KV buffers [L, B, Hkv, C + room, D] the staged scoring passes of one KV geometry copy chunks
+    into: a pass of b <= B chunks and rows <= room question rows uses the first b items' first
+    C + rows slots (shared by the passes of every b and layout shape: they run one at a time). The
+    chunks' KV fills the first C slots; each layer writes its rows' KV into the next `rows`
+    (`KVWithRoom`), so no layer concatenates the chunks' KV with its rows'."""
 
     keys: torch.Tensor
     values: torch.Tensor
+    chunk_size: int  # C
+
+    @property
+    def room(self) -> int:
+        return self.keys.shape[3] - self.chunk_size
 
 
 class StagedScoringPass:
-    """A scoring forward over up to b chunks of any document, for layouts of one shape: the chunks'
+    """A scoring forward over up to b chunks of any documents, for layouts of one shape: the chunks'
     KV is copied into the runner's staging buffers, then one captured CUDA graph replays (captured
-    on the first call). Returns what `ScoringPass` returns, for the chunks given.
+    on the first call). Returns what `ScoringPass` (one question's chunks) or `_shared_pass`
+    (runs of several questions' chunks, their references) returns, for the chunks given.
 
     Why staged: a graph reads its KV by address, and a prefiltered question's candidates are a new
     tensor every time (`take_chunks`, as the app and the scheduler cut them), so a graph over a
     document's own KV would never replay; eager, a pass costs about 2.5 x its graph at Dream-7B's
-    shape (launch-bound). The copy is b chunks' KV on the device (8 x 29 MB there, ~0.2 ms)."""
+    shape (launch-bound). The copy is b chunks' KV on the device (8 x 29 MB there, ~0.2 ms), once
+    for all layers, where the eager passes concatenate every layer's past with its rows' KV."""
 
     def __init__(self, runner: Runner, staging: ScoringStaging, b: int, shape: tuple[int, int, int],
                  pool: tuple | None) -> None:
+        assert staging.keys.shape[1] >= b and staging.room >= shape[0], "the staging is too small for the pass"
         self.runner, self.staging, self.b = runner, staging, b
-        self.inputs = _ScoringInputs(runner, b, staging.keys.shape[3], shape)
+        self.inputs = _ScoringInputs(runner, b, staging.chunk_size, shape)
         self.lengths = torch.zeros(b, dtype=torch.long)
         self._call = GraphedCall(self._run, runner.uses_graphs, "scoring pass", pool)
 
     def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values, b = self.staging.keys, self.staging.values, self.b
-        return self.inputs.forward(self.runner, [(keys[layer, :b], values[layer, :b])
+        used = self.staging.chunk_size + self.inputs.ids.shape[1]  # C + rows
+        return self.inputs.forward(self.runner, [KVWithRoom(keys[layer, :b, :, :used], values[layer, :b, :, :used])
                                                  for layer in range(keys.shape[0])])
 
     def __call__(self, doc: DocumentKV, start: int, end: int, layout: ScoringLayout
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        n = end - start
-        for staged, kv in ((self.staging.keys, doc.keys), (self.staging.values, doc.values)):
-            if kv.device == staged.device:
-                staged[:, :n].copy_(kv[:, start:end])
-            else:  # a layer at a time: each slice is contiguous, so pinned memory copies asynchronously
-                for layer in range(kv.shape[0]):
-                    staged[layer, :n].copy_(kv[layer, start:end], non_blocking=True)
+        """Chunks [start, end) of one document, all with `layout`."""
+        return self.run([(doc, start, end, layout)])
+
+    def run(self, items: Sequence[tuple[DocumentKV, int, int, ScoringLayout]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Runs of chunks (document, [start, end), its question's layout) side by side, at most b in
+        all: log-probabilities [n, F*T'] fp32 and summaries [n, L, 2], n chunks in run order."""
+        c, at = self.staging.chunk_size, 0
         self.lengths.zero_()  # spare items: no chunk key is visible, their rows see each other only
-        self.lengths[:n] = doc.lengths[start:end]
-        self.inputs.fill(layout, self.lengths.to(self.runner.device, non_blocking=True))
+        for doc, start, end in ((doc, start, end) for doc, start, end, _ in items):
+            n = end - start
+            assert at + n <= self.b, f"{at + n} chunks in a pass of {self.b}"
+            for staged, kv in ((self.staging.keys, doc.keys), (self.staging.values, doc.values)):
+                if kv.device == staged.device:
+                    staged[:, at:at + n, :, :c].copy_(kv[:, start:end])
+                else:  # a layer at a time: each slice is contiguous, so pinned memory copies asynchronously
+                    for layer in range(kv.shape[0]):
+                        staged[layer, at:at + n, :, :c].copy_(kv[layer, start:end], non_blocking=True)
+            self.lengths[at:at + n] = doc.lengths[start:end]
+            at += n
+        self.inputs.fill([layout for *_, layout in items], [end - start for _, start, end, _ in items],
+                         self.lengths.to(self.runner.device, non_blocking=True))
         log_probs, summary = self._call()
-        return log_probs[:n], summary[:n]
+        return log_probs[:at], summary[:at]
 
 
 def question_layout(runner: Runner, rows: ScoringRows, params: ScoringParams, rows_per_fold: int = 0,
@@ -504,11 +542,13 @@ def _sharing_key(job: ScoringJob, folds: int) -> tuple:
 @torch.inference_mode()
 def score_documents_together(runner: Runner, jobs: Sequence[ScoringJob]) -> list[DocumentScores | None]:
     """`score_document` of several jobs (documents of several questions), their chunks sharing
-    eager batched passes of at most `max_rows` rows and MAX_COPIED_KV_BYTES of copied KV: one
-    pass reads the weights for many questions, where each question alone would read them for its
-    few chunks. A job that shares with no other is scored alone (`score_document`: kept passes,
-    KV read in place). Scores equal each job's alone, up to the floating-point order of a larger
-    matmul (tests/test_chunk_scorer.py); a job its `interrupt_check` stopped gets None."""
+    batched passes of at most `max_rows` rows and MAX_COPIED_KV_BYTES of copied KV: one pass reads
+    the weights for many questions, where each question alone would read them for its few chunks.
+    Where the runner uses graphs, the passes are the runner's kept `StagedScoringPass`es (the runs'
+    KV copied into its staging once, a captured graph replayed, no per-layer concatenation);
+    elsewhere eager `_shared_pass`es, their reference. A job that shares with no other is scored
+    alone (`score_document`: kept passes). Scores equal each job's alone, up to the floating-point
+    order of a larger matmul (tests/test_chunk_scorer.py); a job its `interrupt_check` stopped gets None."""
     cfg = runner.cfg
     results: list[DocumentScores | None] = [None] * len(jobs)
     sizes = [_fold_sizes(job, cfg.logits_shifted) for job in jobs]
@@ -541,7 +581,13 @@ def score_documents_together(runner: Runner, jobs: Sequence[ScoringJob]) -> list
             if not batch:
                 continue
             items = [(jobs[members[m]].document, start, end, layouts[m]) for m, start, end in batch]
-            log_probs, summary = _shared_pass(runner, items, capture)
+            if runner.uses_graphs:  # the runs copied into the runner's staging, a captured graph replayed
+                n = sum(end - start for _, start, end in batch)
+                staged = kept_staged_pass(runner, doc, min(items_per_pass, 1 << (n - 1).bit_length()),
+                                          layouts[0].shape)
+                log_probs, summary = staged.run(items)
+            else:
+                log_probs, summary = _shared_pass(runner, items, capture)
             at = 0
             for m, start, end in batch:
                 sinks[m].add(start, end, log_probs[at:at + end - start], summary[at:at + end - start])
@@ -555,7 +601,8 @@ def _shared_pass(runner: Runner, items: list[tuple[DocumentKV, int, int, Scoring
                  capture: AttentionCapture) -> tuple[torch.Tensor, torch.Tensor]:
     """One eager scoring forward over runs of chunks (document, [start, end), its question's
     layout, all layouts of one shape), each item its layout's rows. The runs' KV is copied side
-    by side (the chunks of different documents are not one tensor); a single run is read in place."""
+    by side (the chunks of different documents are not one tensor); a single run is read in place.
+    The reference of `StagedScoringPass.run`."""
     cfg, device = runner.cfg, runner.device
     if len(items) == 1:
         doc, s, e, _ = items[0]
@@ -616,15 +663,17 @@ def scoring_passes(runner: Runner, doc: DocumentKV, shape: tuple[int, int, int],
 def kept_staged_pass(runner: Runner, doc: DocumentKV, b: int, shape: tuple[int, int, int]) -> StagedScoringPass:
     """The runner's staged scoring pass of b chunks shaped like `doc`'s for layouts of `shape` (b a
     power of two or a pass's most, so few are captured). One staging per KV geometry, grown to the
-    largest b asked; a pass whose staging is no longer the runner's is dropped (its graph reads the
-    old buffers), so the live stagings are those kept, at most MAX_STAGINGS."""
+    largest b and question rows asked; a pass whose staging is no longer the runner's is dropped
+    (its graph reads the old buffers), so the live stagings are those kept, at most MAX_STAGINGS."""
     layers, _, hkv, c, d = doc.keys.shape
+    rows = shape[0]
     geometry = (layers, hkv, c, d, doc.keys.dtype, runner.device)
     found = runner.kept_items("scoring staging").get(geometry)
-    if found is None or found.keys.shape[1] < b:
-        size = (layers, b, hkv, c, d)  # zeros: a spare item reads finite keys and values
+    if found is None or found.keys.shape[1] < b or found.room < rows:
+        most, room = (b, rows) if found is None else (max(b, found.keys.shape[1]), max(rows, found.room))
+        size = (layers, most, hkv, c + room, d)  # zeros: a spare item reads finite keys and values
         found = ScoringStaging(keys=torch.zeros(size, dtype=doc.keys.dtype, device=runner.device),
-                               values=torch.zeros(size, dtype=doc.values.dtype, device=runner.device))
+                               values=torch.zeros(size, dtype=doc.values.dtype, device=runner.device), chunk_size=c)
     staging = runner.kept("scoring staging", geometry, MAX_STAGINGS, lambda: found, fits=lambda kept: kept is found)
     live = {id(s) for s in runner.kept_items("scoring staging").values()}
     passes = runner.kept_items("scoring")

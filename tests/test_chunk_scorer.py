@@ -387,3 +387,29 @@ def test_staged_shared_passes_score_as_the_eager_shared_passes(engines, family, 
         rooms.append(staging.room)
         assert all(p.staging is staging for p in runner.kept_items("scoring").values())
     assert rooms[0] < rooms[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b,hq,hkv,c,r,w", [(3, 6, 2, 13, 7, 3), (2, 4, 4, 16, 5, 5), (1, 7, 1, 9, 11, 2)])
+def test_window_mass_from_the_lse_equals_the_captured_summary(dtype, b, hq, hkv, c, r, w):
+    """The staged passes' BOS and content mass from the attention's log-sum-exp (`window_mass`)
+    against the eager passes' reduction of fp32 probabilities over every key (`_attention_summary`),
+    on odd sizes and GQA ratios: chunks of several lengths (a single token among them), the rows
+    causal among themselves, the window their last rows."""
+    from engine.attention import attention_probs, dense_mask, reference_attention
+    from engine.method.chunk_scorer import _attention_summary, valid_chunk_keys, window_mass
+
+    gen = torch.Generator().manual_seed(b * 100 + c)
+    d, scale = 8, 8 ** -0.5
+    q = (2 * torch.randn(b, hq, r, d, generator=gen)).to(dtype)
+    keys = (2 * torch.randn(b, hkv, c + r, d, generator=gen)).to(dtype)
+    lengths = torch.tensor([c, 1, c - 4][:b])
+    own = torch.tril(torch.ones(r, r, dtype=torch.bool))[None].expand(b, r, r)
+    mask = torch.cat((valid_chunk_keys(lengths, c)[:, None, :].expand(b, r, c), own), -1)[:, None]  # [b, 1, r, c + r]
+    window = torch.arange(r - w, r)
+    want = _attention_summary(c)(attention_probs(q[:, :, window], keys, dense_mask(mask[:, :, window]), scale))
+    _, lse = reference_attention(q, keys, keys, dense_mask(mask), scale, return_lse=True)
+    got = window_mass(q[:, :, window], keys, lse[:, :, window], own[:, window], c, scale)
+    assert got.dtype == torch.float32 and got.shape == (b, 2)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1.5e-2, "rtol": 1e-2}
+    torch.testing.assert_close(got, want, **tol)

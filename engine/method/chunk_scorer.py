@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from engine.attention import dense_mask, full_mask
+from engine.attention import MaskSpec, bos_probs, dense_mask, full_mask
 from engine.cuda_graphs import ANSWER_GRAPHS, GraphedCall, kept_pool
 from engine.decode.sampling import propose
 from engine.method.kv_cache import DocumentKV
@@ -33,7 +33,7 @@ from engine.method.scoring import (
     masking_folds,
     mean_over_targets,
 )
-from engine.model.transformer import AttentionCapture, KVWithRoom
+from engine.model.transformer import AttentionCapture
 from engine.runner import Runner
 
 
@@ -301,12 +301,56 @@ def _scoring_forward(runner: Runner, ids: torch.Tensor, positions: torch.Tensor,
     out = runner.forward(ids, positions, dense_mask(mask), past=past, logits_rows=read, capture=capture,
                          return_kv=False)
     summary = torch.stack([out.attention[i] for i in range(runner.cfg.num_layers)], 1)  # [b, L, 2]
-    tokens = read_tokens.expand(ids.shape[0], -1)
-    # log p(token) per read row, a few chunks at a time: the fp32 log-softmax over the vocabulary
-    # is the largest temporary of the pass.
-    lp = torch.cat([gather_log_probs(part, part_tokens)
-                    for part, part_tokens in zip(out.logits.split(16), tokens.split(16), strict=True)])
-    return lp, summary
+    return _read_log_probs(out.logits, read_tokens), summary
+
+
+def _read_log_probs(logits: torch.Tensor, read_tokens: torch.Tensor) -> torch.Tensor:
+    """log p(token) of each read row, logits [b, F*T', V] and read_tokens [F*T'] or [b, F*T'] ->
+    [b, F*T'] fp32, a few chunks at a time: the fp32 log-softmax over the vocabulary is the
+    largest temporary of the pass."""
+    tokens = read_tokens.expand(logits.shape[0], -1)
+    return torch.cat([gather_log_probs(part, part_tokens)
+                      for part, part_tokens in zip(logits.split(16), tokens.split(16), strict=True)])
+
+
+def window_mass(q: torch.Tensor, keys: torch.Tensor, lse: torch.Tensor, own_visible: torch.Tensor,
+                chunk_size: int, scale: float) -> torch.Tensor:
+    """Pure: what `_attention_summary` reduces the window rows' probabilities to, from their
+    log-sum-exp instead of their probabilities over every key: [b, 2] fp32, the mass on the chunk's
+    BOS and on its other tokens, each averaged over heads and window rows.
+
+    q [b, Hq, W, D] (the window rows), keys [b, Hkv, C + R, D] (the chunk's C keys, then the rows'
+    R), lse [b, Hq, W] fp32 over every visible key, own_visible [b, W, R] bool (which of the rows'
+    keys each window row sees). The chunk's tokens other than its BOS hold 1 - BOS - (the rows'
+    own keys' mass): only 1 + R scores a row are computed, not C + R, and no fp32 copy of the keys.
+    The BOS key must be visible (a chunk of at least one token)."""
+    bos = bos_probs(q, keys[:, :, :1], lse, scale)[..., 0]  # [b, Hq, W]
+    own = bos_probs(q, keys[:, :, chunk_size:], lse, scale)  # [b, Hq, W, R]
+    own = torch.where(own_visible[:, None], own, 0.0).sum(-1)
+    return torch.stack((bos.mean(dim=(1, 2)), (1.0 - bos - own).mean(dim=(1, 2))), -1)
+
+
+class _ScoringLayerCache:
+    """One layer of a staged scoring pass, attending by itself (an AttendingCache): the staging's
+    keys and values [b, Hkv, C + R, D] (each item's chunk, then room for its R rows), which the
+    rows' KV is written into (no per-layer concatenation of the chunks' KV with the rows'); the
+    attention returns its log-sum-exp, from which the window rows' BOS and content mass are
+    written into `summary` [b, 2] (`window_mass`), where the eager passes capture fp32
+    probabilities over every key (their reference)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, mask: MaskSpec, runner: Runner,
+                 window: torch.Tensor, own_visible: torch.Tensor, chunk_size: int, summary: torch.Tensor) -> None:
+        self.keys, self.values, self.mask, self.runner = keys, values, mask, runner
+        self.window, self.own_visible, self.chunk_size, self.summary = window, own_visible, chunk_size, summary
+
+    def attend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, scale: float) -> torch.Tensor:
+        rows = k_new.shape[2]
+        self.keys[:, :, -rows:] = k_new
+        self.values[:, :, -rows:] = v_new
+        out, lse = self.runner.attention(q, self.keys, self.values, self.mask, scale, return_lse=True)
+        self.summary.copy_(window_mass(q[:, :, self.window], self.keys, lse[:, :, self.window], self.own_visible,
+                                       self.chunk_size, scale))
+        return out
 
 
 class _ScoringInputs:
@@ -376,7 +420,7 @@ class ScoringStaging:
     into: a pass of b <= B chunks and rows <= room question rows uses the first b items' first
     C + rows slots (shared by the passes of every b and layout shape: they run one at a time). The
     chunks' KV fills the first C slots; each layer writes its rows' KV into the next `rows`
-    (`KVWithRoom`), so no layer concatenates the chunks' KV with its rows'."""
+    (`_ScoringLayerCache`), so no layer concatenates the chunks' KV with its rows'."""
 
     keys: torch.Tensor
     values: torch.Tensor
@@ -397,21 +441,31 @@ class StagedScoringPass:
     tensor every time (`take_chunks`, as the app and the scheduler cut them), so a graph over a
     document's own KV would never replay; eager, a pass costs about 2.5 x its graph at Dream-7B's
     shape (launch-bound). The copy is b chunks' KV on the device (8 x 29 MB there, ~0.2 ms), once
-    for all layers, where the eager passes concatenate every layer's past with its rows' KV."""
+    for all layers, where the eager passes concatenate every layer's past with its rows' KV (at 64
+    chunks, 2 x 34 MB a layer at that shape), and their fp32 capture of the window rows'
+    probabilities over every key gives way to `window_mass` from the attention's log-sum-exp."""
 
     def __init__(self, runner: Runner, staging: ScoringStaging, b: int, shape: tuple[int, int, int],
                  pool: tuple | None) -> None:
         assert staging.keys.shape[1] >= b and staging.room >= shape[0], "the staging is too small for the pass"
         self.runner, self.staging, self.b = runner, staging, b
         self.inputs = _ScoringInputs(runner, b, staging.chunk_size, shape)
+        self.summary = torch.zeros(staging.keys.shape[0], b, 2, dtype=torch.float32, device=runner.device)  # [L, b, 2]
         self.lengths = torch.zeros(b, dtype=torch.long)
         self._call = GraphedCall(self._run, runner.uses_graphs, "scoring pass", pool)
 
     def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, values, b = self.staging.keys, self.staging.values, self.b
-        used = self.staging.chunk_size + self.inputs.ids.shape[1]  # C + rows
-        return self.inputs.forward(self.runner, [KVWithRoom(keys[layer, :b, :, :used], values[layer, :b, :, :used])
-                                                 for layer in range(keys.shape[0])])
+        inputs, keys, values, b = self.inputs, self.staging.keys, self.staging.values, self.b
+        c = self.staging.chunk_size
+        used = c + inputs.ids.shape[1]  # C + rows
+        mask = dense_mask(inputs.mask)
+        own_visible = inputs.mask[:, 0, :, c:].index_select(1, inputs.window)  # [b, W, rows]
+        layers = [_ScoringLayerCache(keys[layer, :b, :, :used], values[layer, :b, :, :used], mask, self.runner,
+                                     inputs.window, own_visible, c, self.summary[layer])
+                  for layer in range(keys.shape[0])]
+        out = self.runner.forward(inputs.ids, inputs.positions, mask, past=layers, logits_rows=inputs.read,
+                                  return_kv=False)
+        return _read_log_probs(out.logits, inputs.read_tokens), self.summary.permute(1, 0, 2)  # [b, L, 2]
 
     def __call__(self, doc: DocumentKV, start: int, end: int, layout: ScoringLayout
                  ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,19 +37,6 @@ class AttendingCache(Protocol):
 
 
 @dataclass(frozen=True)
-class KVWithRoom:
-    """A layer's past in buffers with room for the new tokens: keys (after RoPE) and values
-    [B, Hkv, Tp + T, D], the past in the first Tp slots; the layer writes the T new tokens' KV into
-    the last T slots, then attends over all of them. The keys are those of
-    `torch.cat((past, new), 2)`, without copying the past every layer: a scoring pass over 64
-    chunks of 512 keys copied 2 x 34 MB a layer that way at Dream-7B's shape (the buffers are
-    filled once, for all layers). The caller owns the buffers; their last T slots are overwritten."""
-
-    keys: torch.Tensor
-    values: torch.Tensor
-
-
-@dataclass(frozen=True)
 class AttentionCapture:
     """Which attention probabilities to record: some layers, some query rows (indices into Tq)."""
 
@@ -117,8 +104,8 @@ class SelfAttention(nn.Module):
         v = v.view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         return apply_rope(q, cos, sin, cfg.rope_in_fp32), apply_rope(k, cos, sin, cfg.rope_in_fp32), v
 
-    def attend(self, q, k, v, mask: MaskSpec, attention: AttentionBackend,
-               past: LayerKV | KVWithRoom | AttendingCache | None, capture_rows: torch.Tensor | None):
+    def attend(self, q, k, v, mask: MaskSpec, attention: AttentionBackend, past: LayerKV | AttendingCache | None,
+               capture_rows: torch.Tensor | None):
         """Attention of q over [past | new keys] -> (out [B, Hq, T, D], fp32 probs of the captured rows)."""
         scale = self.cfg.head_dim ** -0.5
         if isinstance(past, AttendingCache):
@@ -126,12 +113,7 @@ class SelfAttention(nn.Module):
             # the new KV written into it); it covers the whole key set, so no mask applies.
             assert capture_rows is None, "attention capture needs a concatenated past"
             return past.attend(q, k, v, scale), None
-        if isinstance(past, KVWithRoom):
-            t = k.shape[2]
-            past.keys[:, :, -t:] = k
-            past.values[:, :, -t:] = v
-            k, v = past.keys, past.values
-        elif past is not None:
+        if past is not None:
             k = torch.cat((past[0], k), dim=2)
             v = torch.cat((past[1], v), dim=2)
         out, _ = attention(q, k, v, mask, scale, return_lse=False)
@@ -242,8 +224,8 @@ class DiffusionLM(nn.Module):
 
         input_ids, position_ids: [B, T] (positions are explicit; nothing is assumed contiguous).
         mask: over keys [past | new] ([B, Tq=T, Tk=Tp+T]).
-        past: per layer (k after RoPE, v), [B, Hkv, Tp, D], attended to but not recomputed, a
-            KVWithRoom (the same, with T free slots the layer fills) or an AttendingCache per layer.
+        past: per layer (k after RoPE, v), [B, Hkv, Tp, D], attended to but not recomputed, or an
+            AttendingCache per layer.
         logits_rows: [R] or [B, R] row indices into T, "all", or None for no logits.
         layer_fns: the layers' halves around attention (default: eager).
         """

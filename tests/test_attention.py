@@ -104,6 +104,27 @@ def test_sdpa_native_lse_on_cuda_matches_reference(dtype, shape, mask_kind):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_native_lse_on_cuda_reads_keys_sliced_from_longer_buffers(dtype):
+    """Keys and values as the staged scoring passes give them: views of the first C + R slots of
+    longer buffers ([b, Hkv, C + room, D], Dream-7B's heads), under a dense mask per row: output
+    and lse equal the fp32 reference."""
+    b, hq, hkv, tq, tk, d, room = 5, 28, 4, 37, 37 + 515, 128, 12
+    q, _, _ = _qkv(b, hq, hkv, tq, tk, d, dtype, seed=9)
+    g = torch.Generator().manual_seed(10)
+    k = torch.randn(b, hkv, tk + room, d, generator=g).to(dtype).cuda()[:, :, :tk]
+    v = torch.randn(b, hkv, tk + room, d, generator=g).to(dtype).cuda()[:, :, :tk]
+    dense = torch.rand(b, 1, tq, tk, generator=g) > 0.3
+    dense[..., 0] = True
+    mask, q = dense_mask(dense.cuda()), q.cuda()
+    ref, ref_lse = reference_attention(q.float(), k.float(), v.float(), mask, d ** -0.5, True)
+    out, lse = BACKENDS["sdpa"](q, k, v, mask, d ** -0.5, return_lse=True)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else TOL[dtype]
+    torch.testing.assert_close(out.float(), ref, **tol)
+    torch.testing.assert_close(lse, ref_lse, **tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mask_shape", ["per-head", "per-key-per-head", "one-query-row", "batch-one", "none"])
 def test_sdpa_native_lse_on_cuda_takes_the_kernel_with_any_mask(dtype, mask_shape, monkeypatch):
     """Masks that differ by query head, by query, by neither, or are shared by the batch (batch 1

@@ -342,3 +342,74 @@ def test_a_stopped_job_leaves_the_shared_passes_and_the_others_score_on(engines)
     for i in (0, 2):
         want = score_document(runner, docs[i], rows, params, keep_passes=False)
         torch.testing.assert_close(together[i].scores, want.scores, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family,folds", [("dream", None), ("llada", 3)])
+def test_staged_shared_passes_score_as_the_eager_shared_passes(engines, family, folds, monkeypatch):
+    """Where graphs are used, the shared passes copy the runs of several questions' chunks into the
+    runner's staging (room for the rows' KV after each chunk's) and replay one pass a chunk count:
+    each job's scores, token scores and anchors equal the eager shared passes' (their reference),
+    with passes split where they fill, spare items, a one-document run and, the second time, longer
+    questions (the staging grows its room and the passes over the old one are dropped)."""
+    from engine.cuda_graphs import GraphedCall
+    from engine.method import chunk_scorer
+
+    engine = engines[family]
+    runner, cfg = Runner(engine.model, ATTN), engine.config
+    docs = [prefill_document(runner, doc_ids(length, 60, seed=50 + i), chunk_size=16)
+            for i, length in enumerate((5 * 16 - 7, 2 * 16 + 3, 3 * 16 - 1))]
+
+    def jobs_of(lengths):
+        jobs = []
+        for i, (doc, n) in enumerate(zip(docs, lengths, strict=True)):
+            rows = scoring_rows(doc_ids(n, 60, seed=60 + i).tolist(), (1, n - 1), None, 4, cfg.logits_shifted)
+            scorer = "attention" if i == 1 else "self_information"
+            jobs.append(ScoringJob(doc, rows, ScoringParams(scorer=scorer, llada_folds=folds, max_rows=200)))
+        return jobs
+
+    rounds = [jobs_of((11, 7, 9)), jobs_of((19, 17, 21))]
+    want = [score_documents_together(runner, jobs) for jobs in rounds]  # eager, read in place
+    monkeypatch.setattr(Runner, "uses_graphs", property(lambda self: True))
+    monkeypatch.setattr(chunk_scorer, "kept_pool", lambda runner, kind: None)
+    # The passes run eagerly on the CPU: what is tested is the staging, not the capture (test_gpu.py).
+    monkeypatch.setattr(chunk_scorer, "GraphedCall", lambda fn, use_graph, what, pool: GraphedCall(fn, False, what))
+    rooms = []
+    for jobs, wanted in zip(rounds, want, strict=True):
+        got = score_documents_together(runner, jobs)
+        for g, w in zip(got, wanted, strict=True):
+            torch.testing.assert_close(g.scores, w.scores, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(g.anchors, w.anchors, atol=1e-5, rtol=1e-5)
+            if w.token_scores is None:
+                assert g.token_scores is None
+            else:
+                torch.testing.assert_close(g.token_scores, w.token_scores, atol=1e-5, rtol=1e-5)
+        (staging,) = runner.kept_items("scoring staging").values()
+        rooms.append(staging.room)
+        assert all(p.staging is staging for p in runner.kept_items("scoring").values())
+    assert rooms[0] < rooms[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b,hq,hkv,c,r,w", [(3, 6, 2, 13, 7, 3), (2, 4, 4, 16, 5, 5), (1, 7, 1, 9, 11, 2)])
+def test_window_mass_from_the_lse_equals_the_captured_summary(dtype, b, hq, hkv, c, r, w):
+    """The staged passes' BOS and content mass from the attention's log-sum-exp (`window_mass`)
+    against the eager passes' reduction of fp32 probabilities over every key (`_attention_summary`),
+    on odd sizes and GQA ratios: chunks of several lengths (a single token among them), the rows
+    causal among themselves, the window their last rows."""
+    from engine.attention import attention_probs, dense_mask, reference_attention
+    from engine.method.chunk_scorer import _attention_summary, valid_chunk_keys, window_mass
+
+    gen = torch.Generator().manual_seed(b * 100 + c)
+    d, scale = 8, 8 ** -0.5
+    q = (2 * torch.randn(b, hq, r, d, generator=gen)).to(dtype)
+    keys = (2 * torch.randn(b, hkv, c + r, d, generator=gen)).to(dtype)
+    lengths = torch.tensor([c, 1, c - 4][:b])
+    own = torch.tril(torch.ones(r, r, dtype=torch.bool))[None].expand(b, r, r)
+    mask = torch.cat((valid_chunk_keys(lengths, c)[:, None, :].expand(b, r, c), own), -1)[:, None]  # [b, 1, r, c + r]
+    window = torch.arange(r - w, r)
+    want = _attention_summary(c)(attention_probs(q[:, :, window], keys, dense_mask(mask[:, :, window]), scale))
+    _, lse = reference_attention(q, keys, keys, dense_mask(mask), scale, return_lse=True)
+    got = window_mass(q[:, :, window], keys, lse[:, :, window], own[:, window], c, scale)
+    assert got.dtype == torch.float32 and got.shape == (b, 2)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1.5e-2, "rtol": 1e-2}
+    torch.testing.assert_close(got, want, **tol)

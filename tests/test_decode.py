@@ -10,7 +10,7 @@ import torch
 
 from engine import Engine, SamplingParams
 from engine.decode.baselines import DenseDecoder, FastDLLMDecoder, dense_decode
-from engine.decode.loop import DecodeStep, LogitsRequest, decide_together, slot_logits_from_rows
+from engine.decode.loop import DecodeStep, LogitsRequest, decide_together, host_to_device, slot_logits_from_rows
 from engine.decode.sampling import StepPlan, choose_commits
 from engine.engine import GenerationResult
 from tests.test_parity_hf import hf_logits, hf_reference
@@ -199,3 +199,30 @@ def test_steps_decided_together_are_each_request_alone_whatever_its_row(shifted)
         expected[r.slots[commit]] = tokens[commit]
         assert torch.equal(r.answer, expected)
     assert any(any(d.commit) and not all(d.commit) for d in decided)  # some commit part of their slots
+
+
+@pytest.mark.parametrize("values,dtype", [([[3, 1, 4], [1, 5, 9]], None), ([True, False, True], None),
+                                          ([0.5, 2.0], torch.float32)])
+def test_host_to_device_gives_what_torch_tensor_gives(values, dtype):
+    """The decisions' small inputs: the values and dtype `torch.tensor` makes of them."""
+    got = host_to_device(values, torch.device("cpu"), dtype)
+    want = torch.tensor(values, dtype=dtype)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+@pytest.mark.gpu
+def test_host_to_device_does_not_wait_for_the_gpu():
+    """On CUDA the copy goes through pinned memory without a synchronisation (the sync debug mode
+    raises on one; a plain `torch.tensor(..., device=...)` trips it), and the values arrive."""
+    device = torch.device("cuda")
+    busy = torch.randn(4096, 4096, device=device)
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        busy = busy @ busy  # queued work the copy must not wait for
+        got = host_to_device([[7, 8], [9, 10]], device)
+        with pytest.raises(RuntimeError):
+            torch.tensor([1, 2], device=device)
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    assert got.device.type == "cuda" and torch.equal(got.cpu(), torch.tensor([[7, 8], [9, 10]]))

@@ -187,9 +187,10 @@ def test_captured_draft_and_scoring_replay_like_eager(family, dream_dir, llada_d
 @pytest.mark.parametrize("family", ["dream", "llada"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_shared_scoring_passes_match_each_question_alone_on_gpu(family, dtype, dream_dir, llada_dir):
-    """Three questions' documents (odd lengths) scored in shared eager passes on the GPU give each
-    question's scores from the runner's kept passes (captured, staged graphs), within
-    the dtype's tolerance."""
+    """Three questions' documents (odd lengths) scored in shared staged passes on the GPU (captured
+    on the first call, replayed on the second; BOS and content mass from the attention's lse) give
+    each question's scores and anchors from the runner's kept passes alone and from the eager
+    reference passes (fp32 probabilities captured), within the dtype's tolerance."""
     from engine import ScoringParams
     from engine.method.chunk_scorer import ScoringJob, score_document, score_documents_together, scoring_rows
 
@@ -203,13 +204,18 @@ def test_shared_scoring_passes_match_each_question_alone_on_gpu(family, dtype, d
         query = torch.randint(5, 300, (n,), generator=g).tolist()
         rows = scoring_rows(query, (1, n - 1), None, 8, cfg.logits_shifted)
         jobs.append(ScoringJob(doc, rows, ScoringParams(scorer="self_information", llada_folds=4, max_rows=700)))
-    together = score_documents_together(runner, jobs)
+    first = score_documents_together(runner, jobs)
+    together = score_documents_together(runner, jobs)  # replayed
+    assert all(p._call.graph is not None for p in runner.kept_items("scoring").values())
     tol = BF16 if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
-    for job, got in zip(jobs, together, strict=True):
+    for job, got, eager in zip(jobs, together, first, strict=True):
+        torch.testing.assert_close(got.scores, eager.scores, **tol)
         for _ in range(2):  # the second scoring replays the captured graphs
             alone = score_document(runner, job.document, job.rows, job.params)
-        torch.testing.assert_close(got.scores, alone.scores, **tol)
-        torch.testing.assert_close(got.anchors, alone.anchors, **tol)
+        reference = score_document(runner, job.document, job.rows, job.params, keep_passes=False)  # eager, fp32 capture
+        for want in (alone, reference):
+            torch.testing.assert_close(got.scores, want.scores, **tol)
+            torch.testing.assert_close(got.anchors, want.anchors, **tol)
 
 
 @pytest.mark.parametrize("family", ["dream", "llada"])

@@ -180,8 +180,11 @@ def run(shape: str, concurrency: int, context: int, answer: int, device: str | N
         # burst's questions may be prepared in two groups, so each power of two up to N is asked
         # together twice (some passes are captured only when seen a second time): a capture inside
         # a timed phase moved "N at once" by half a question's time. One question alone is the
-        # first size (it may take another layout, compiled and captured on its own).
-        for n in sorted({1 << k for k in range(concurrency.bit_length())} | {concurrency}):
+        # first size (it may take another layout, compiled and captured on its own). The smaller
+        # sizes come again after the largest: a larger shared scoring pass grows the runner's
+        # scoring staging, which drops the passes (and graphs) over the smaller one.
+        sizes = sorted({1 << k for k in range(concurrency.bit_length())} | {concurrency})
+        for n in sizes + sizes[:-1]:
             for _ in range(2):
                 _threads([lambda i=i: list(scheduler.submit(documents(i), prompts[i], params)) for i in range(n)])
         single = _Phase(scheduler, "single")

@@ -115,6 +115,18 @@ class DecidedStep:
     tokens: list[int]
 
 
+def host_to_device(values: list, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A small host list as a tensor on `device`, without waiting for the device: on CUDA through
+    pinned memory and a non-blocking copy (the caching host allocator keeps the block until the
+    copy is done). Why: a copy from pageable memory synchronises the stream, so a step's decisions,
+    made right after its batched forward was launched, would wait for that forward before their
+    first kernel is even queued, and their launches would then run while the GPU idles."""
+    t = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def decide_together(requests: list[LogitsRequest], block_logits: torch.Tensor, rows: list[int],
                     anchors: list[torch.Tensor | None], shifted: bool) -> list[DecidedStep]:
     """The steps of several questions decided at once from a batched block forward: one batched
@@ -132,23 +144,24 @@ def decide_together(requests: list[LogitsRequest], block_logits: torch.Tensor, r
     # [N, width] block slots of each request's masked ones, a row padded with its first masked slot
     # (a pad is not a candidate, and is given that slot's decision below, so it writes the same).
     local = [[p - r.block * block_length for p in r.masked] for r in requests]
-    index = torch.tensor([slots + slots[:1] * (width - len(slots)) for slots in local], device=device)
-    candidates = torch.tensor([[True] * len(slots) + [False] * (width - len(slots)) for slots in local],
-                              device=device)
-    logits = block_logits[torch.tensor(rows, device=device)[:, None], index]  # [N, width, V]
+    index = host_to_device([slots + slots[:1] * (width - len(slots)) for slots in local], device)
+    candidates = host_to_device([[True] * len(slots) + [False] * (width - len(slots)) for slots in local], device)
+    logits = block_logits[host_to_device(rows, device)[:, None], index]  # [N, width, V]
     if shifted and any(r.masked[0] == r.block * block_length for r in requests):
         stacked = torch.stack([a if a is not None else block_logits[row, 0]  # no anchor: the row's own
                                for a, row in zip(anchors, rows, strict=True)])  # [N, V]
         logits = slot_logits_from_rows(logits, index, stacked, shifted)
-    limits = torch.tensor([step_limit(r.params, r.plan, len(r.masked)) for r in requests], dtype=torch.float32)
+    limits = [step_limit(r.params, r.plan, len(r.masked)) for r in requests]
     rules = list(dict.fromkeys(r.params.decoder for r in requests))
     if len(rules) == 1:
-        commit, tokens = choose_commits_together(logits, candidates, rules[0], limits.to(device))
+        commit, tokens = choose_commits_together(logits, candidates, rules[0],
+                                                 host_to_device(limits, device, torch.float32))
     else:  # questions of several rules in one batch: a decision per rule, put back in request order
         groups = [[i for i, r in enumerate(requests) if r.params.decoder == rule] for rule in rules]
-        parts = [choose_commits_together(logits[g], candidates[g], rule, limits[g].to(device))
+        parts = [choose_commits_together(logits[g], candidates[g], rule,
+                                         host_to_device([limits[i] for i in g], device, torch.float32))
                  for rule, g in zip(rules, groups, strict=True)]
-        order = torch.tensor([i for g in groups for i in g], device=device).argsort()
+        order = host_to_device([i for g in groups for i in g], device).argsort()
         commit = torch.cat([c for c, _ in parts])[order]
         tokens = torch.cat([t for _, t in parts])[order]
     commit = torch.where(candidates, commit, commit[:, :1])
@@ -186,7 +199,7 @@ def decode_blocks(decoder: Decoder, cfg: ModelConfig, params: SamplingParams,
         masked_at_start = len(masked)
         step_in_block = 0
         while masked:
-            slots = torch.tensor(masked, device=device)  # [M]
+            slots = host_to_device(masked, device)  # [M]
             plan = StepPlan(step_in_block, params.steps_per_block, masked_at_start)
             request = LogitsRequest(decoder, block, answer, slots, tuple(masked), params, plan)
             reply = yield request

@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from engine.attention import dense_mask, full_mask
+from engine.attention import MaskSpec, bos_probs, dense_mask, full_mask
 from engine.cuda_graphs import ANSWER_GRAPHS, GraphedCall, kept_pool
 from engine.decode.sampling import propose
 from engine.method.kv_cache import DocumentKV
@@ -301,42 +301,101 @@ def _scoring_forward(runner: Runner, ids: torch.Tensor, positions: torch.Tensor,
     out = runner.forward(ids, positions, dense_mask(mask), past=past, logits_rows=read, capture=capture,
                          return_kv=False)
     summary = torch.stack([out.attention[i] for i in range(runner.cfg.num_layers)], 1)  # [b, L, 2]
-    tokens = read_tokens.expand(ids.shape[0], -1)
-    # log p(token) per read row, a few chunks at a time: the fp32 log-softmax over the vocabulary
-    # is the largest temporary of the pass.
-    lp = torch.cat([gather_log_probs(part, part_tokens)
-                    for part, part_tokens in zip(out.logits.split(16), tokens.split(16), strict=True)])
-    return lp, summary
+    return _read_log_probs(out.logits, read_tokens), summary
+
+
+def _read_log_probs(logits: torch.Tensor, read_tokens: torch.Tensor) -> torch.Tensor:
+    """log p(token) of each read row, logits [b, F*T', V] and read_tokens [F*T'] or [b, F*T'] ->
+    [b, F*T'] fp32, a few chunks at a time: the fp32 log-softmax over the vocabulary is the
+    largest temporary of the pass."""
+    tokens = read_tokens.expand(logits.shape[0], -1)
+    return torch.cat([gather_log_probs(part, part_tokens)
+                      for part, part_tokens in zip(logits.split(16), tokens.split(16), strict=True)])
+
+
+def window_mass(q: torch.Tensor, keys: torch.Tensor, lse: torch.Tensor, own_visible: torch.Tensor,
+                chunk_size: int, scale: float) -> torch.Tensor:
+    """Pure: what `_attention_summary` reduces the window rows' probabilities to, from their
+    log-sum-exp instead of their probabilities over every key: [b, 2] fp32, the mass on the chunk's
+    BOS and on its other tokens, each averaged over heads and window rows.
+
+    q [b, Hq, W, D] (the window rows), keys [b, Hkv, C + R, D] (the chunk's C keys, then the rows'
+    R), lse [b, Hq, W] fp32 over every visible key, own_visible [b, W, R] bool (which of the rows'
+    keys each window row sees). The chunk's tokens other than its BOS hold 1 - BOS - (the rows'
+    own keys' mass): only 1 + R scores a row are computed, not C + R, and no fp32 copy of the keys.
+    The BOS key must be visible (a chunk of at least one token)."""
+    bos = bos_probs(q, keys[:, :, :1], lse, scale)[..., 0]  # [b, Hq, W]
+    own = bos_probs(q, keys[:, :, chunk_size:], lse, scale)  # [b, Hq, W, R]
+    own = torch.where(own_visible[:, None], own, 0.0).sum(-1)
+    return torch.stack((bos.mean(dim=(1, 2)), (1.0 - bos - own).mean(dim=(1, 2))), -1)
+
+
+class _ScoringLayerCache:
+    """One layer of a staged scoring pass, attending by itself (an AttendingCache): the staging's
+    keys and values [b, Hkv, C + R, D] (each item's chunk, then room for its R rows), which the
+    rows' KV is written into (no per-layer concatenation of the chunks' KV with the rows'); the
+    attention returns its log-sum-exp, from which the window rows' BOS and content mass are
+    written into `summary` [b, 2] (`window_mass`), where the eager passes capture fp32
+    probabilities over every key (their reference)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, mask: MaskSpec, runner: Runner,
+                 window: torch.Tensor, own_visible: torch.Tensor, chunk_size: int, summary: torch.Tensor) -> None:
+        self.keys, self.values, self.mask, self.runner = keys, values, mask, runner
+        self.window, self.own_visible, self.chunk_size, self.summary = window, own_visible, chunk_size, summary
+
+    def attend(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, scale: float) -> torch.Tensor:
+        rows = k_new.shape[2]
+        self.keys[:, :, -rows:] = k_new
+        self.values[:, :, -rows:] = v_new
+        out, lse = self.runner.attention(q, self.keys, self.values, self.mask, scale, return_lse=True)
+        self.summary.copy_(window_mass(q[:, :, self.window], self.keys, lse[:, :, self.window], self.own_visible,
+                                       self.chunk_size, scale))
+        return out
 
 
 class _ScoringInputs:
-    """The fixed-address inputs of a scoring forward over b chunks of C keys for layouts of one
-    shape (rows, read rows, window rows), filled per question (a captured graph reads them)."""
+    """The fixed-address inputs of a scoring forward over b chunk items of C keys for layouts of one
+    shape (rows, read rows, window rows), filled per pass (a captured graph reads them). Each item
+    has its own question's rows and reads; the window rows are at the same indices in every layout
+    of one pass (`_sharing_key`)."""
 
     def __init__(self, runner: Runner, b: int, c: int, shape: tuple[int, int, int]) -> None:
         device, (rows, read, window) = runner.device, shape
         self.ids = torch.zeros(b, rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(b, rows, dtype=torch.long, device=device)
         self.mask = torch.zeros(b, 1, rows, c + rows, dtype=torch.bool, device=device)  # [b, 1, rows, C + rows]
-        self.read = torch.zeros(read, dtype=torch.long, device=device)
-        self.read_tokens = torch.zeros(read, dtype=torch.long, device=device)
+        self.read = torch.zeros(b, read, dtype=torch.long, device=device)  # [b, F*T']
+        self.read_tokens = torch.zeros(b, read, dtype=torch.long, device=device)
         self.window = torch.zeros(window, dtype=torch.long, device=device)
         self.capture = AttentionCapture(tuple(range(runner.cfg.num_layers)), self.window, _attention_summary(c))
 
-    def fill(self, layout: ScoringLayout, lengths: torch.Tensor) -> None:
-        """One question's layout over chunks of `lengths` [b] (on the device; 0: a spare item)."""
-        c = self.mask.shape[-1] - self.ids.shape[1]
-        self.ids.copy_(layout.ids[None].expand_as(self.ids))
-        self.positions.copy_(lengths[:, None] + layout.offsets[None])
+    def fill(self, layouts: Sequence[ScoringLayout], counts: Sequence[int], lengths: torch.Tensor) -> None:
+        """Items [0, counts[0]) take layouts[0], the next counts[1] layouts[1], ...; items past them
+        (spare) take layouts[0]. `lengths` [b] (on the device; 0: a spare item, no chunk key)."""
+        b, c = self.ids.shape[0], self.mask.shape[-1] - self.ids.shape[1]
+        self.positions.copy_(lengths[:, None] + _per_item(layouts, counts, "offsets", b))
+        self.ids.copy_(_per_item(layouts, counts, "ids", b))
         self.mask[:, 0, :, :c] = valid_chunk_keys(lengths, c)[:, None, :]
-        self.mask[:, 0, :, c:] = layout.row_mask[None]
-        self.read.copy_(layout.read)
-        self.read_tokens.copy_(layout.read_tokens)
-        self.window.copy_(layout.window)
+        self.mask[:, 0, :, c:] = _per_item(layouts, counts, "row_mask", b)
+        self.read.copy_(_per_item(layouts, counts, "read", b))
+        self.read_tokens.copy_(_per_item(layouts, counts, "read_tokens", b))
+        self.window.copy_(layouts[0].window)
 
     def forward(self, runner: Runner, past: list) -> tuple[torch.Tensor, torch.Tensor]:
-        return _scoring_forward(runner, self.ids, self.positions, self.mask, past, self.read, self.read_tokens[None],
+        return _scoring_forward(runner, self.ids, self.positions, self.mask, past, self.read, self.read_tokens,
                                 self.capture)
+
+
+def _per_item(layouts: Sequence[ScoringLayout], counts: Sequence[int], name: str, b: int) -> torch.Tensor:
+    """[b, ...]: each item's row of its layout's tensor `name` (see `_ScoringInputs.fill`); one
+    layout is broadcast, several gathered in one index."""
+    if len(layouts) == 1:
+        one = getattr(layouts[0], name)
+        return one[None].expand(b, *one.shape)
+    stacked = torch.stack([getattr(layout, name) for layout in layouts])  # [n_layouts, ...]
+    which = torch.zeros(b, dtype=torch.long)
+    which[:sum(counts)] = torch.repeat_interleave(torch.arange(len(layouts)), torch.tensor(list(counts)))
+    return stacked[which.to(stacked.device)]
 
 
 class ScoringPass:
@@ -349,57 +408,90 @@ class ScoringPass:
         self.inputs = _ScoringInputs(runner, end - start, doc.chunk_size, shape)
 
     def __call__(self, layout: ScoringLayout) -> tuple[torch.Tensor, torch.Tensor]:
-        self.inputs.fill(layout, self.doc.lengths[self.start:self.end].to(self.runner.device))
+        lengths = self.doc.lengths[self.start:self.end].to(self.runner.device)
+        self.inputs.fill([layout], [self.end - self.start], lengths)
         return self.inputs.forward(self.runner, _past(self.doc.keys, self.doc.values, self.start, self.end,
                                                       self.runner.device))
 
 
 @dataclass(frozen=True)
 class ScoringStaging:
-    """KV buffers [L, B, Hkv, C, D] the staged scoring passes of one KV geometry copy chunks into:
-    a pass of b <= B chunks uses the first b (shared by the passes of every b and layout shape:
-    they run one at a time)."""
+    """KV buffers [L, B, Hkv, C + room, D] the staged scoring passes of one KV geometry copy chunks
+    into: a pass of b <= B chunks and rows <= room question rows uses the first b items' first
+    C + rows slots (shared by the passes of every b and layout shape: they run one at a time). The
+    chunks' KV fills the first C slots; each layer writes its rows' KV into the next `rows`
+    (`_ScoringLayerCache`), so no layer concatenates the chunks' KV with its rows'."""
 
     keys: torch.Tensor
     values: torch.Tensor
+    chunk_size: int  # C
+
+    @property
+    def room(self) -> int:
+        return self.keys.shape[3] - self.chunk_size
 
 
 class StagedScoringPass:
-    """A scoring forward over up to b chunks of any document, for layouts of one shape: the chunks'
+    """A scoring forward over up to b chunks of any documents, for layouts of one shape: the chunks'
     KV is copied into the runner's staging buffers, then one captured CUDA graph replays (captured
-    on the first call). Returns what `ScoringPass` returns, for the chunks given.
+    on the first call). Returns what `ScoringPass` (one question's chunks) or `_shared_pass`
+    (runs of several questions' chunks, their references) returns, for the chunks given.
 
     Why staged: a graph reads its KV by address, and a prefiltered question's candidates are a new
     tensor every time (`take_chunks`, as the app and the scheduler cut them), so a graph over a
     document's own KV would never replay; eager, a pass costs about 2.5 x its graph at Dream-7B's
-    shape (launch-bound). The copy is b chunks' KV on the device (8 x 29 MB there, ~0.2 ms)."""
+    shape (launch-bound). The copy is b chunks' KV on the device (8 x 29 MB there, ~0.2 ms), once
+    for all layers, where the eager passes concatenate every layer's past with its rows' KV (at 64
+    chunks, 2 x 34 MB a layer at that shape), and their fp32 capture of the window rows'
+    probabilities over every key gives way to `window_mass` from the attention's log-sum-exp."""
 
     def __init__(self, runner: Runner, staging: ScoringStaging, b: int, shape: tuple[int, int, int],
                  pool: tuple | None) -> None:
+        assert staging.keys.shape[1] >= b and staging.room >= shape[0], "the staging is too small for the pass"
         self.runner, self.staging, self.b = runner, staging, b
-        self.inputs = _ScoringInputs(runner, b, staging.keys.shape[3], shape)
+        self.inputs = _ScoringInputs(runner, b, staging.chunk_size, shape)
+        self.summary = torch.zeros(staging.keys.shape[0], b, 2, dtype=torch.float32, device=runner.device)  # [L, b, 2]
         self.lengths = torch.zeros(b, dtype=torch.long)
         self._call = GraphedCall(self._run, runner.uses_graphs, "scoring pass", pool)
 
     def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, values, b = self.staging.keys, self.staging.values, self.b
-        return self.inputs.forward(self.runner, [(keys[layer, :b], values[layer, :b])
-                                                 for layer in range(keys.shape[0])])
+        inputs, keys, values, b = self.inputs, self.staging.keys, self.staging.values, self.b
+        c = self.staging.chunk_size
+        used = c + inputs.ids.shape[1]  # C + rows
+        mask = dense_mask(inputs.mask)
+        own_visible = inputs.mask[:, 0, :, c:].index_select(1, inputs.window)  # [b, W, rows]
+        layers = [_ScoringLayerCache(keys[layer, :b, :, :used], values[layer, :b, :, :used], mask, self.runner,
+                                     inputs.window, own_visible, c, self.summary[layer])
+                  for layer in range(keys.shape[0])]
+        out = self.runner.forward(inputs.ids, inputs.positions, mask, past=layers, logits_rows=inputs.read,
+                                  return_kv=False)
+        return _read_log_probs(out.logits, inputs.read_tokens), self.summary.permute(1, 0, 2)  # [b, L, 2]
 
     def __call__(self, doc: DocumentKV, start: int, end: int, layout: ScoringLayout
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        n = end - start
-        for staged, kv in ((self.staging.keys, doc.keys), (self.staging.values, doc.values)):
-            if kv.device == staged.device:
-                staged[:, :n].copy_(kv[:, start:end])
-            else:  # a layer at a time: each slice is contiguous, so pinned memory copies asynchronously
-                for layer in range(kv.shape[0]):
-                    staged[layer, :n].copy_(kv[layer, start:end], non_blocking=True)
+        """Chunks [start, end) of one document, all with `layout`."""
+        return self.run([(doc, start, end, layout)])
+
+    def run(self, items: Sequence[tuple[DocumentKV, int, int, ScoringLayout]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Runs of chunks (document, [start, end), its question's layout) side by side, at most b in
+        all: log-probabilities [n, F*T'] fp32 and summaries [n, L, 2], n chunks in run order."""
+        c, at = self.staging.chunk_size, 0
         self.lengths.zero_()  # spare items: no chunk key is visible, their rows see each other only
-        self.lengths[:n] = doc.lengths[start:end]
-        self.inputs.fill(layout, self.lengths.to(self.runner.device, non_blocking=True))
+        for doc, start, end in ((doc, start, end) for doc, start, end, _ in items):
+            n = end - start
+            assert at + n <= self.b, f"{at + n} chunks in a pass of {self.b}"
+            for staged, kv in ((self.staging.keys, doc.keys), (self.staging.values, doc.values)):
+                if kv.device == staged.device:
+                    staged[:, at:at + n, :, :c].copy_(kv[:, start:end])
+                else:  # a layer at a time: each slice is contiguous, so pinned memory copies asynchronously
+                    for layer in range(kv.shape[0]):
+                        staged[layer, at:at + n, :, :c].copy_(kv[layer, start:end], non_blocking=True)
+            self.lengths[at:at + n] = doc.lengths[start:end]
+            at += n
+        self.inputs.fill([layout for *_, layout in items], [end - start for _, start, end, _ in items],
+                         self.lengths.to(self.runner.device, non_blocking=True))
         log_probs, summary = self._call()
-        return log_probs[:n], summary[:n]
+        return log_probs[:at], summary[:at]
 
 
 def question_layout(runner: Runner, rows: ScoringRows, params: ScoringParams, rows_per_fold: int = 0,
@@ -504,11 +596,13 @@ def _sharing_key(job: ScoringJob, folds: int) -> tuple:
 @torch.inference_mode()
 def score_documents_together(runner: Runner, jobs: Sequence[ScoringJob]) -> list[DocumentScores | None]:
     """`score_document` of several jobs (documents of several questions), their chunks sharing
-    eager batched passes of at most `max_rows` rows and MAX_COPIED_KV_BYTES of copied KV: one
-    pass reads the weights for many questions, where each question alone would read them for its
-    few chunks. A job that shares with no other is scored alone (`score_document`: kept passes,
-    KV read in place). Scores equal each job's alone, up to the floating-point order of a larger
-    matmul (tests/test_chunk_scorer.py); a job its `interrupt_check` stopped gets None."""
+    batched passes of at most `max_rows` rows and MAX_COPIED_KV_BYTES of copied KV: one pass reads
+    the weights for many questions, where each question alone would read them for its few chunks.
+    Where the runner uses graphs, the passes are the runner's kept `StagedScoringPass`es (the runs'
+    KV copied into its staging once, a captured graph replayed, no per-layer concatenation);
+    elsewhere eager `_shared_pass`es, their reference. A job that shares with no other is scored
+    alone (`score_document`: kept passes). Scores equal each job's alone, up to the floating-point
+    order of a larger matmul (tests/test_chunk_scorer.py); a job its `interrupt_check` stopped gets None."""
     cfg = runner.cfg
     results: list[DocumentScores | None] = [None] * len(jobs)
     sizes = [_fold_sizes(job, cfg.logits_shifted) for job in jobs]
@@ -541,7 +635,13 @@ def score_documents_together(runner: Runner, jobs: Sequence[ScoringJob]) -> list
             if not batch:
                 continue
             items = [(jobs[members[m]].document, start, end, layouts[m]) for m, start, end in batch]
-            log_probs, summary = _shared_pass(runner, items, capture)
+            if runner.uses_graphs:  # the runs copied into the runner's staging, a captured graph replayed
+                n = sum(end - start for _, start, end in batch)
+                staged = kept_staged_pass(runner, doc, min(items_per_pass, 1 << (n - 1).bit_length()),
+                                          layouts[0].shape)
+                log_probs, summary = staged.run(items)
+            else:
+                log_probs, summary = _shared_pass(runner, items, capture)
             at = 0
             for m, start, end in batch:
                 sinks[m].add(start, end, log_probs[at:at + end - start], summary[at:at + end - start])
@@ -555,7 +655,8 @@ def _shared_pass(runner: Runner, items: list[tuple[DocumentKV, int, int, Scoring
                  capture: AttentionCapture) -> tuple[torch.Tensor, torch.Tensor]:
     """One eager scoring forward over runs of chunks (document, [start, end), its question's
     layout, all layouts of one shape), each item its layout's rows. The runs' KV is copied side
-    by side (the chunks of different documents are not one tensor); a single run is read in place."""
+    by side (the chunks of different documents are not one tensor); a single run is read in place.
+    The reference of `StagedScoringPass.run`."""
     cfg, device = runner.cfg, runner.device
     if len(items) == 1:
         doc, s, e, _ = items[0]
@@ -616,15 +717,17 @@ def scoring_passes(runner: Runner, doc: DocumentKV, shape: tuple[int, int, int],
 def kept_staged_pass(runner: Runner, doc: DocumentKV, b: int, shape: tuple[int, int, int]) -> StagedScoringPass:
     """The runner's staged scoring pass of b chunks shaped like `doc`'s for layouts of `shape` (b a
     power of two or a pass's most, so few are captured). One staging per KV geometry, grown to the
-    largest b asked; a pass whose staging is no longer the runner's is dropped (its graph reads the
-    old buffers), so the live stagings are those kept, at most MAX_STAGINGS."""
+    largest b and question rows asked; a pass whose staging is no longer the runner's is dropped
+    (its graph reads the old buffers), so the live stagings are those kept, at most MAX_STAGINGS."""
     layers, _, hkv, c, d = doc.keys.shape
+    rows = shape[0]
     geometry = (layers, hkv, c, d, doc.keys.dtype, runner.device)
     found = runner.kept_items("scoring staging").get(geometry)
-    if found is None or found.keys.shape[1] < b:
-        size = (layers, b, hkv, c, d)  # zeros: a spare item reads finite keys and values
+    if found is None or found.keys.shape[1] < b or found.room < rows:
+        most, room = (b, rows) if found is None else (max(b, found.keys.shape[1]), max(rows, found.room))
+        size = (layers, most, hkv, c + room, d)  # zeros: a spare item reads finite keys and values
         found = ScoringStaging(keys=torch.zeros(size, dtype=doc.keys.dtype, device=runner.device),
-                               values=torch.zeros(size, dtype=doc.values.dtype, device=runner.device))
+                               values=torch.zeros(size, dtype=doc.values.dtype, device=runner.device), chunk_size=c)
     staging = runner.kept("scoring staging", geometry, MAX_STAGINGS, lambda: found, fits=lambda kept: kept is found)
     live = {id(s) for s in runner.kept_items("scoring staging").values()}
     passes = runner.kept_items("scoring")

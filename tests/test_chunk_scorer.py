@@ -311,13 +311,17 @@ def test_shared_passes_score_each_job_as_it_scores_alone(engines, family, folds)
     jobs.append(ScoringJob(docs[0], jobs[2].rows, jobs[2].params))  # one document for two questions
     together = score_documents_together(runner, jobs)
     for job, got in zip(jobs, together, strict=True):
-        want = score_document(runner, job.document, job.rows, job.params, keep_passes=False)
-        torch.testing.assert_close(got.scores, want.scores, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(got.anchors, want.anchors, atol=1e-5, rtol=1e-5)
-        if want.token_scores is None:
-            assert got.token_scores is None
-        else:
-            torch.testing.assert_close(got.token_scores, want.token_scores, atol=1e-5, rtol=1e-5)
+        _assert_same_scores(got, score_document(runner, job.document, job.rows, job.params, keep_passes=False))
+
+
+def _assert_same_scores(got, want) -> None:
+    """Two DocumentScores equal up to a larger matmul's floating-point order."""
+    torch.testing.assert_close(got.scores, want.scores, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.anchors, want.anchors, atol=1e-5, rtol=1e-5)
+    if want.token_scores is None:
+        assert got.token_scores is None
+    else:
+        torch.testing.assert_close(got.token_scores, want.token_scores, atol=1e-5, rtol=1e-5)
 
 
 def test_a_stopped_job_leaves_the_shared_passes_and_the_others_score_on(engines):
@@ -377,12 +381,7 @@ def test_staged_shared_passes_score_as_the_eager_shared_passes(engines, family, 
     for jobs, wanted in zip(rounds, want, strict=True):
         got = score_documents_together(runner, jobs)
         for g, w in zip(got, wanted, strict=True):
-            torch.testing.assert_close(g.scores, w.scores, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(g.anchors, w.anchors, atol=1e-5, rtol=1e-5)
-            if w.token_scores is None:
-                assert g.token_scores is None
-            else:
-                torch.testing.assert_close(g.token_scores, w.token_scores, atol=1e-5, rtol=1e-5)
+            _assert_same_scores(g, w)
         (staging,) = runner.kept_items("scoring staging").values()
         rooms.append(staging.room)
         assert all(p.staging is staging for p in runner.kept_items("scoring").values())

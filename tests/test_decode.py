@@ -204,7 +204,8 @@ def test_steps_decided_together_are_each_request_alone_whatever_its_row(shifted)
 @pytest.mark.parametrize("values,dtype", [([[3, 1, 4], [1, 5, 9]], None), ([True, False, True], None),
                                           ([0.5, 2.0], torch.float32)])
 def test_host_to_device_gives_what_torch_tensor_gives(values, dtype):
-    """The decisions' small inputs: the values and dtype `torch.tensor` makes of them."""
+    """The decisions' small inputs: the values and dtype `torch.tensor` makes of them (the CPU branch;
+    the pinned, non-blocking one is `test_host_to_device_does_not_wait_for_the_gpu`)."""
     got = host_to_device(values, torch.device("cpu"), dtype)
     want = torch.tensor(values, dtype=dtype)
     assert got.dtype == want.dtype and torch.equal(got, want)

@@ -204,12 +204,12 @@ def test_shared_scoring_passes_match_each_question_alone_on_gpu(family, dtype, d
         query = torch.randint(5, 300, (n,), generator=g).tolist()
         rows = scoring_rows(query, (1, n - 1), None, 8, cfg.logits_shifted)
         jobs.append(ScoringJob(doc, rows, ScoringParams(scorer="self_information", llada_folds=4, max_rows=700)))
-    first = score_documents_together(runner, jobs)
+    warm_up = score_documents_together(runner, jobs)  # a graphed call's first runs eagerly, then captures
     together = score_documents_together(runner, jobs)  # replayed
     assert all(p._call.graph is not None for p in runner.kept_items("scoring").values())
     tol = BF16 if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
-    for job, got, eager in zip(jobs, together, first, strict=True):
-        torch.testing.assert_close(got.scores, eager.scores, **tol)
+    for job, got, first in zip(jobs, together, warm_up, strict=True):
+        torch.testing.assert_close(got.scores, first.scores, **tol)
         for _ in range(2):  # the second scoring replays the captured graphs
             alone = score_document(runner, job.document, job.rows, job.params)
         reference = score_document(runner, job.document, job.rows, job.params, keep_passes=False)  # eager, fp32 capture

@@ -22,6 +22,7 @@ import torch
 
 from engine.attention import MaskSpec, bos_probs, dense_mask, full_mask
 from engine.cuda_graphs import ANSWER_GRAPHS, GraphedCall, kept_pool
+from engine.decode.loop import host_to_device
 from engine.decode.sampling import propose
 from engine.method.kv_cache import DocumentKV
 from engine.method.scoring import (
@@ -373,12 +374,13 @@ class _ScoringInputs:
         """Items [0, counts[0]) take layouts[0], the next counts[1] layouts[1], ...; items past them
         (spare) take layouts[0]. `lengths` [b] (on the device; 0: a spare item, no chunk key)."""
         b, c = self.ids.shape[0], self.mask.shape[-1] - self.ids.shape[1]
-        self.positions.copy_(lengths[:, None] + _per_item(layouts, counts, "offsets", b))
-        self.ids.copy_(_per_item(layouts, counts, "ids", b))
+        which = _layout_of_items(counts, b, self.ids.device)
+        self.positions.copy_(lengths[:, None] + _per_item(layouts, which, "offsets"))
+        self.ids.copy_(_per_item(layouts, which, "ids"))
         self.mask[:, 0, :, :c] = valid_chunk_keys(lengths, c)[:, None, :]
-        self.mask[:, 0, :, c:] = _per_item(layouts, counts, "row_mask", b)
-        self.read.copy_(_per_item(layouts, counts, "read", b))
-        self.read_tokens.copy_(_per_item(layouts, counts, "read_tokens", b))
+        self.mask[:, 0, :, c:] = _per_item(layouts, which, "row_mask")
+        self.read.copy_(_per_item(layouts, which, "read"))
+        self.read_tokens.copy_(_per_item(layouts, which, "read_tokens"))
         self.window.copy_(layouts[0].window)
 
     def forward(self, runner: Runner, past: list) -> tuple[torch.Tensor, torch.Tensor]:
@@ -386,16 +388,21 @@ class _ScoringInputs:
                                 self.capture)
 
 
-def _per_item(layouts: Sequence[ScoringLayout], counts: Sequence[int], name: str, b: int) -> torch.Tensor:
-    """[b, ...]: each item's row of its layout's tensor `name` (see `_ScoringInputs.fill`); one
-    layout is broadcast, several gathered in one index."""
+def _layout_of_items(counts: Sequence[int], b: int, device: torch.device) -> torch.Tensor:
+    """[b] long on `device`: the layout each of b items takes, counts[0] items layouts[0], the next
+    counts[1] layouts[1], ..., the spare items past them layouts[0]. Sent without a synchronisation
+    (`host_to_device`), so filling a staged pass does not wait for the work queued before it."""
+    which = [i for i, n in enumerate(counts) for _ in range(n)]
+    return host_to_device(which + [0] * (b - len(which)), device)
+
+
+def _per_item(layouts: Sequence[ScoringLayout], which: torch.Tensor, name: str) -> torch.Tensor:
+    """[b, ...]: each item's row of its layout's tensor `name`, item i taking layouts[which[i]]
+    (`_layout_of_items`); one layout is broadcast."""
     if len(layouts) == 1:
         one = getattr(layouts[0], name)
-        return one[None].expand(b, *one.shape)
-    stacked = torch.stack([getattr(layout, name) for layout in layouts])  # [n_layouts, ...]
-    which = torch.zeros(b, dtype=torch.long)
-    which[:sum(counts)] = torch.repeat_interleave(torch.arange(len(layouts)), torch.tensor(list(counts)))
-    return stacked[which.to(stacked.device)]
+        return one[None].expand(which.shape[0], *one.shape)
+    return torch.stack([getattr(layout, name) for layout in layouts])[which]  # [n_layouts, ...] -> [b, ...]
 
 
 class ScoringPass:
@@ -483,7 +490,8 @@ class StagedScoringPass:
             for staged, kv in ((self.staging.keys, doc.keys), (self.staging.values, doc.values)):
                 if kv.device == staged.device:
                     staged[:, at:at + n, :, :c].copy_(kv[:, start:end])
-                else:  # a layer at a time: each slice is contiguous, so pinned memory copies asynchronously
+                else:  # a layer at a time: each source slice is contiguous, so pinned memory copies
+                    # asynchronously (into the staging's slice, strided by its room, through a device temporary)
                     for layer in range(kv.shape[0]):
                         staged[layer, at:at + n, :, :c].copy_(kv[layer, start:end], non_blocking=True)
             self.lengths[at:at + n] = doc.lengths[start:end]
@@ -665,10 +673,11 @@ def _shared_pass(runner: Runner, items: list[tuple[DocumentKV, int, int, Scoring
         keys = torch.cat([doc.keys[:, s:e].to(device, non_blocking=True) for doc, s, e, _ in items], 1)
         values = torch.cat([doc.values[:, s:e].to(device, non_blocking=True) for doc, s, e, _ in items], 1)
     lengths = torch.cat([doc.lengths[s:e] for doc, s, e, _ in items]).to(device)  # [b]
-    counts = torch.tensor([e - s for _, s, e, _ in items])
+    counts = [e - s for _, s, e, _ in items]
+    layouts, which = [layout for *_, layout in items], _layout_of_items(counts, sum(counts), device)
 
     def per_item(name: str) -> torch.Tensor:  # [b, ...]: each item's row of its layout's tensor
-        return torch.stack([getattr(layout, name) for *_, layout in items]).repeat_interleave(counts.to(device), 0)
+        return _per_item(layouts, which, name)
 
     rows, c = items[0][3].ids.numel(), keys.shape[3]
     chunk_keys = valid_chunk_keys(lengths, c)  # [b, C]

@@ -6,8 +6,9 @@
 # near misses teach telling the two apart rather than refusing wherever a value of that kind stands.
 # From the last curriculum stage; TOTAL minutes in all, MIN this call; RESUME=1 continues
 # .train-ckpt/ft29.pt on the same warm machine. Carry: .whl .device-data/tasks-corpus.pt.xz
-# .device-data/init28 .device-data/synonyms.json.xz, with models/docqa-tiny/*.safetensors and
-# docs/journal/2026-12-02-evidence.tar.xz deleted from the working tree for the call. The bf16
+# .device-data/init28 .device-data/synonyms.json.xz, with models/docqa-tiny/*.safetensors,
+# docs/journal/2026-12-02-evidence.tar.xz and docs/results/ but this folder deleted from the working
+# tree for the call. The bf16
 # weights are left in /tmp/next29 for eval-gpu.sh (a call of its own on the warm machine).
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit

@@ -77,6 +77,9 @@ def _build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--sources", nargs="+", default=None, help="only these sources (default: every eval-pdfs source)")
     pr.add_argument("--per-kind", type=positive(int), default=25, help="questions of each kind per source")
     pr.add_argument("--seed", type=int, default=11, help="draws which sentences are asked")
+    pr.add_argument("--written", action="store_true",
+                    help="ask training.written_questions' items instead: every wording of the held-out "
+                         "collections', and --per-kind items of each training collection")
     pr.add_argument("--device", default=None)
     pr.add_argument("--out", type=Path, default=Path("probe-reading-out"))
 
@@ -220,8 +223,13 @@ def _cmd_eval_pdfs(args: argparse.Namespace) -> int:
 def _cmd_probe_reading(args: argparse.Namespace) -> int:
     from tools import reading_probe
 
+    written = None
+    if args.written:
+        from training.written_questions import read_written_questions
+
+        written = read_written_questions()
     rows = reading_probe.probe(args.model, args.out, args.sources, args.per_kind, args.seed, args.device,
-                               progress=lambda line: print(line, file=sys.stderr, flush=True))
+                               progress=lambda line: print(line, file=sys.stderr, flush=True), written=written)
     print(reading_probe.summarize(rows))
     return EXIT_OK
 

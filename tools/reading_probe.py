@@ -38,8 +38,9 @@ from tools.pdf_questions import SOURCES, PdfSource, app_over, holds_answer, know
 from training.cloze_questions import cloze_example, occurrences
 from training.reworded_questions import Rewording, one_token_words
 from training.sentence_questions import context_window, questions_for
+from training.written_questions import HELD_OUT_GROUPS, WrittenQuestion
 
-KINDS = ("rule, training wording", "rule, held-out wording", "cloze", "parsed", "parsed, reworded")
+KINDS = ("rule, training wording", "rule, held-out wording", "cloze", "parsed", "parsed, reworded", "written")
 CONTEXT_CHARS = 450  # a question's context, as the training tasks cut it: it fits one chunk
 MIN_PARAGRAPH_CHARS = 80  # shorter blocks of a PDF's text are headings, page numbers, table cells
 
@@ -129,6 +130,19 @@ def _rule_and_cloze_questions(source: str, paras: list[str], per_kind: int,
     return rule + cloze
 
 
+def written_probe_questions(items: list[WrittenQuestion], per_group: int, rng: random.Random) -> list[ProbeQuestion]:
+    """Pure given `rng`: every wording of every held-out item (training.written_questions), and of
+    each training collection `per_group` items drawn by `rng`, in their first wording (how well
+    questions the training asked are read: against the held-out row, what memorising is worth)."""
+    asked = [ProbeQuestion(q.group, KINDS[5], q.context, wording, q.answer)
+             for q in items if q.held_out for wording in q.questions]
+    for group in sorted({q.group for q in items if not q.held_out}):
+        members = [q for q in items if q.group == group]
+        asked += [ProbeQuestion(group, KINDS[5], q.context, q.questions[0], q.answer)
+                  for q in rng.sample(members, min(per_group, len(members)))]
+    return asked
+
+
 def summarize(rows: list[ProbeRow]) -> str:
     """A markdown table: right / asked per kind, held-out sources first, then seen."""
     lines = ["| sources | " + " | ".join(KINDS) + " |", "|---|" + "---|" * len(KINDS)]
@@ -145,10 +159,16 @@ def summarize(rows: list[ProbeRow]) -> str:
 
 def probe(model_dir: Path, out_dir: Path, only: Iterable[str] | None = None, per_kind: int = 25, seed: int = 11,
           device: str | None = None, sources: dict[str, PdfSource] = SOURCES,
-          progress: Callable[[str], None] = print) -> list[ProbeRow]:
-    """Draws the questions from each source's PDF (`only` these, if given), reads each over its
-    passage alone with the model in `model_dir` through a fresh app (a temporary library, removed
-    after), and writes rows.jsonl, summary.md and meta.json under `out_dir`."""
+          progress: Callable[[str], None] = print, written: list[WrittenQuestion] | None = None) -> list[ProbeRow]:
+    """Draws the questions from each source's PDF (`only` these, if given), or with `written` asks
+    those items instead (`written_probe_questions`, `per_kind` of each training collection), reads
+    each over its passage alone with the model in `model_dir` through a fresh app (a temporary
+    library, removed after), and writes rows.jsonl, summary.md and meta.json under `out_dir`."""
+    if written is not None:
+        asked = written_probe_questions(written, per_kind, random.Random(seed))
+        held_out = {q.source: q.source in HELD_OUT_GROUPS for q in asked}
+        return _read_each_alone(model_dir, out_dir, asked, held_out, device, progress,
+                                {"written": sorted(held_out), "per_kind": per_kind, "seed": seed})
     from app.ingest import extract_pdf
 
     names = known_sources(only, sources) if only else list(sources)
@@ -173,17 +193,24 @@ def probe(model_dir: Path, out_dir: Path, only: Iterable[str] | None = None, per
     asked = [q for name in names for q in probe_questions(name, extract_pdf(read_pdf(sources[name])).text,
                                                           per_kind, random.Random(f"{seed}:{name}"), parser,
                                                           rewording)]
+    return _read_each_alone(model_dir, out_dir, asked, {name: sources[name].held_out for name in names}, device,
+                            progress, {"sources": names, "per_kind": per_kind, "seed": seed})
+
+
+def _read_each_alone(model_dir: Path, out_dir: Path, asked: list[ProbeQuestion], held_out: dict[str, bool],
+                     device: str | None, progress: Callable[[str], None], meta: dict) -> list[ProbeRow]:
+    """Reads each question over its passage alone; writes rows.jsonl, summary.md and meta.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     with app_over(model_dir, device) as service:
         for n, q in enumerate(asked, 1):
             shown = read_passage_alone(service, q.question, q.passage)
-            rows.append(ProbeRow(q.source, sources[q.source].held_out, q.kind, q.question, q.answer, shown,
+            rows.append(ProbeRow(q.source, held_out[q.source], q.kind, q.question, q.answer, shown,
                                  holds_answer(shown, [q.answer])))
             progress(f"[{n}/{len(asked)}] {q.source} {q.kind}: {'right' if rows[-1].right else 'wrong'}")
         device_name = str(service.engine.device)
     (out_dir / "rows.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
     (out_dir / "summary.md").write_text(summarize(rows) + "\n")
-    meta = {"model": str(model_dir), "sources": names, "per_kind": per_kind, "seed": seed, "device": device_name}
-    (out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (out_dir / "meta.json").write_text(json.dumps({"model": str(model_dir), **meta, "device": device_name},
+                                                  indent=2) + "\n")
     return rows

@@ -62,7 +62,7 @@ class Layout:
 # default stream stays the one the bundled model was first trained on).
 TASK_WEIGHTS = {"niah": 10, "kv_retrieval": 2, "hotpot": 3, "which_document": 2, "lookup": 0, "sentence_qa": 0,
                 "lookup_generated": 0, "text_denoising": 0, "text_mdm": 0, "lookup_near": 0,
-                "lookup_dressed": 0, "cloze_qa": 0, "parsed_qa": 0}
+                "lookup_dressed": 0, "cloze_qa": 0, "parsed_qa": 0, "written_qa": 0}
 LOOKUP_NOT_FOUND_SHARE = 0.15
 # lookup_near asks a list family this share of the time (the table's 7 training list families are
 # 4% of plain lookups; on the held-out sets a list question is the likeliest miss).
@@ -162,7 +162,8 @@ class TaskSampler:
         for task, needs in (("lookup", "text_paragraphs"), ("lookup_generated", "text_paragraphs"),
                             ("text_denoising", "text_paragraphs"), ("text_mdm", "text_paragraphs"),
                             ("sentence_qa", "text_paragraphs"), ("cloze_qa", "text_paragraphs"),
-                            ("sentence_qa", "sentence_questions"), ("parsed_qa", "parsed_questions")):
+                            ("sentence_qa", "sentence_questions"), ("parsed_qa", "parsed_questions"),
+                            ("written_qa", "written_questions")):
             if self.task_weights[task] and not corpus.get(needs):
                 raise ValueError(f"the {task} task needs the corpus's real text (training.prepare --corpus)")
         self.encode, self.decode = encode, decode  # str -> list[int], list[int] -> str
@@ -185,6 +186,10 @@ class TaskSampler:
         self.parsed_questions: dict[str, list[dict]] = {}
         for item in corpus.get("parsed_questions", []):
             self.parsed_questions.setdefault(item.get("source", "corpus"), []).append(item)
+        # training.written_questions.training_items, by document collection, each drawn as often.
+        self.written_questions: dict[str, list[dict]] = {}
+        for item in corpus.get("written_questions", []):
+            self.written_questions.setdefault(item["source"], []).append(item)
 
     # ---- random values in RULER's formats --------------------------------------------------------
 
@@ -515,6 +520,12 @@ class TaskSampler:
         own context among real paragraphs; its source (the corpus, HotpotQA) drawn first."""
         by_source = self.parsed_questions
         return self._asked_over_context(self.rng.choice(by_source[self.rng.choice(sorted(by_source))]), k)
+
+    def written_qa(self, k: int) -> Example:
+        """A question written as a person asks it about a manual's passage (training.written_questions),
+        in one of its wordings, over that passage among real paragraphs; its collection drawn first."""
+        by_group = self.written_questions
+        return self._asked_over_context(self.rng.choice(by_group[self.rng.choice(sorted(by_group))]), k)
 
     def _asked_over_context(self, item: dict, k: int) -> Example:
         """`item`'s question (one of its wordings) over its context in one of k chunks of real text;

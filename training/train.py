@@ -47,6 +47,7 @@ from engine.model.weights import read_model_config, save_weights
 from engine.runner import Runner
 from training.synonyms import read_synonyms
 from training.tasks import NIAH_VARIANT_WEIGHTS, TASK_WEIGHTS, Layout, TaskSampler, attention_mask, collate
+from training.written_questions import read_written_questions, training_items
 
 CHUNK_SIZE = 128
 ANSWER_LEN = 64
@@ -122,6 +123,8 @@ def task_sampler(corpus_path: Path, model_dir: Path, layout: Layout, seed: int, 
     """The training's example source: the prepared corpus, the model's tokenizer, chunks of
     CHUNK_SIZE and answers of ANSWER_LEN tokens."""
     corpus = torch.load(corpus_path, weights_only=False)
+    if task_weights.get("written_qa"):  # tracked beside the code, not in the prepared corpus
+        corpus["written_questions"] = training_items(read_written_questions())
     tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
     return TaskSampler(corpus, lambda s: tok.encode(s).ids, tok.decode, layout, CHUNK_SIZE, ANSWER_LEN, seed=seed,
                        task_weights=task_weights, niah_variant_weights=niah_variant_weights,

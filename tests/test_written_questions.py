@@ -1,0 +1,141 @@
+"""training.written_questions: questions written as people ask them over manuals' passages, their
+train / held-out split by document collection, the written_qa task and the reading probe over them."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from app.defaults import BUNDLED_MODEL
+from tools import reading_probe as rp
+from tools.pdf_questions import SOURCES, holds_answer
+from training.tasks import TaskSampler
+from training.train import make_layout, model_config
+from training.written_questions import (
+    HELD_OUT_GROUPS,
+    WrittenQuestion,
+    parse_written_question,
+    read_written_questions,
+    training_items,
+)
+
+TOK = Tokenizer.from_file(str(BUNDLED_MODEL / "tokenizer.json"))
+CHUNK = 128  # the bundled model's chunk, BOS included
+
+
+def _line(**kw) -> str:
+    item = {"source": "written-x/tool", "context": "The default port is 8080 for new servers.", "answer": "8080",
+            "questions": ["which port does it listen on out of the box?"], "kind": "number"} | kw
+    return json.dumps(item)
+
+
+def test_the_committed_items_are_valid_fit_a_chunk_and_keep_to_their_split():
+    """Every committed item parses, its answer survives the chunk's cut with the bundled tokenizer,
+    no item reads a manual eval-pdfs asks about, and the held-out collections are never trained on."""
+    items = read_written_questions()
+    assert len(items) >= 150 and len({(q.context, q.answer) for q in items}) == len(items)
+    for q in items:
+        shown = TOK.decode(TOK.encode(" " + q.context).ids[:CHUNK - 1])
+        assert q.answer in shown, q
+        assert len(set(q.questions)) == len(q.questions) >= 2, q
+    # The manuals eval-pdfs asks about, by the words their documents' names would hold.
+    eval_manuals = ("valgrind", "zlib", "crc", "mime", "faq", "nettle", "bash", "bzip2", "libtasn1")
+    assert len(eval_manuals) > len(SOURCES)
+    assert not any(m in q.source.lower() for q in items for m in eval_manuals)
+    held = [q for q in items if q.held_out]
+    assert held and {q.group for q in held} <= set(HELD_OUT_GROUPS)
+    trained = training_items(items)
+    assert len(trained) == len(items) - len(held)
+    assert not {t["source"] for t in trained} & set(HELD_OUT_GROUPS)
+    assert not {t["context"] for t in trained} & {q.context for q in held}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"answer": "9090"}, "not a span"),
+    ({"questions": ["  "]}, "no question"),
+    ({"source": "no-group"}, "no '<group>/<document>'"),
+    ({"context": "word " * 71 + "8080"}, "more than 70"),
+])
+def test_an_item_a_task_cannot_ask_is_refused_clearly(change, message):
+    with pytest.raises(ValueError, match=message):
+        parse_written_question(_line(**change))
+
+
+def test_a_bad_line_is_named_by_its_number(tmp_path):
+    path = tmp_path / "items.jsonl"
+    path.write_text(_line() + "\n\n" + _line(answer="nope") + "\n")
+    with pytest.raises(ValueError, match=r"items.jsonl:3: answer 'nope'"):
+        read_written_questions(path)
+    path.write_text(_line() + "\n" + _line(context="The   default port\nis 8080.") + "\n")
+    assert [q.context for q in read_written_questions(path)][1] == "The default port is 8080."
+
+
+def _text_corpus(items):
+    seqs = [TOK.encode(f" Paragraph {i} of plain text about nothing much.").ids for i in range(40)]
+    lengths = torch.tensor([len(s) for s in seqs])
+    flat = {"tokens": torch.tensor([t for s in seqs for t in s], dtype=torch.int16),
+            "offsets": torch.cat((torch.zeros(1, dtype=torch.long), lengths.cumsum(0)))}
+    return {"essay_sentences": flat, "paragraphs": flat, "paragraph_titles": ["t"] * 40, "qa": [],
+            "adjectives": ["quiet"], "nouns": ["harbor"], "text_paragraphs": flat, "written_questions": items}
+
+
+def test_written_qa_asks_a_wording_over_its_passage_each_collection_as_often():
+    """One collection of one item against another of nine: each is drawn about half of the time;
+    the question is one of the item's wordings; an answerable example shows the passage in one
+    chunk, and about the lookup task's share say "not found" without it."""
+    items = [WrittenQuestion(f"written-b/doc{i}", f"Tool {i} waits {i + 10} seconds before it retries.",
+                             f"{i + 10} seconds", (f"how long does tool {i} pause between tries?",
+                                                   f"retry delay of tool {i}"), "number") for i in range(9)]
+    items.append(WrittenQuestion("written-a/doc", "The cache of the viewer holds 64 pages.", "64 pages",
+                                 ("how big is the viewer's cache",), "number"))
+    layout = make_layout(BUNDLED_MODEL, model_config(TOK))
+    sampler = TaskSampler(_text_corpus(training_items(items)), lambda s: TOK.encode(s).ids, TOK.decode, layout,
+                          CHUNK, 64, seed=3, task_weights={"written_qa": 1})
+    lone, refused = 0, 0
+    for _ in range(200):
+        ex = sampler.sample(3, scoring_share=0.0)
+        question = TOK.decode(ex.question_ids)
+        answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+        item = next(q for q in items if question in q.questions)
+        lone += item.group == "written-a"
+        if answer == "not found":
+            refused += 1
+            assert not any(item.context in TOK.decode(c) for c in ex.chunks)
+        else:
+            assert answer == item.answer and sum(item.context in TOK.decode(c) for c in ex.chunks) == 1
+    assert 70 < lone < 130 and 10 < refused < 60
+    with pytest.raises(ValueError, match="written_qa task needs"):
+        TaskSampler(_text_corpus([]), lambda s: TOK.encode(s).ids, TOK.decode, layout, CHUNK, 64, seed=0,
+                    task_weights={"written_qa": 1})
+
+
+def test_the_written_probe_asks_every_held_out_wording_and_a_sample_of_the_trained():
+    held = WrittenQuestion(f"{HELD_OUT_GROUPS[0]}/lib", "The limit is 5 retries.", "5 retries",
+                           ("how many times does it retry", "max retries?"), "number")
+    seen = [WrittenQuestion("written-b/doc", f"Option {i} is -{i}.", f"-{i}", (f"flag {i}?", f"option {i}?"),
+                            "identifier") for i in range(6)]
+    asked = rp.written_probe_questions([held, *seen], 2, random.Random(0))
+    assert [(q.source, q.question) for q in asked[:2]] == [(HELD_OUT_GROUPS[0], "how many times does it retry"),
+                                                          (HELD_OUT_GROUPS[0], "max retries?")]
+    assert len(asked) == 4 and all(q.kind == "written" and q.answer in q.passage for q in asked)
+    assert {q.question for q in asked[2:]} <= {f"flag {i}?" for i in range(6)}
+
+
+def test_the_written_probe_reads_through_the_app(tmp_path):
+    """The bundled model reads a held-out item and a trained one over their passages alone; the
+    summary gives the written kind its held-out and seen rows."""
+    held = WrittenQuestion(f"{HELD_OUT_GROUPS[0]}/lib", "The access code for the north warehouse is 31548.",
+                           "31548", ("What is the access code for the north warehouse?",), "number")
+    seen = WrittenQuestion("written-b/doc", "The default port is 8080 for new servers.", "8080",
+                           ("What is the default port?",), "number")
+    rows = rp.probe(BUNDLED_MODEL, tmp_path / "out", per_kind=1, device="cpu", written=[held, seen],
+                    progress=lambda line: None)
+    assert [(r.source, r.held_out) for r in rows] == [(HELD_OUT_GROUPS[0], True), ("written-b", False)]
+    assert all(r.right == holds_answer(r.shown, [r.answer]) for r in rows)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| written |" in summary and "| held-out |" in summary and "| seen |" in summary
+    assert json.loads((tmp_path / "out" / "meta.json").read_text())["written"] == sorted([HELD_OUT_GROUPS[0], "written-b"])

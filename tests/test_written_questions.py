@@ -138,4 +138,5 @@ def test_the_written_probe_reads_through_the_app(tmp_path):
     assert all(r.right == holds_answer(r.shown, [r.answer]) for r in rows)
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| written |" in summary and "| held-out |" in summary and "| seen |" in summary
-    assert json.loads((tmp_path / "out" / "meta.json").read_text())["written"] == sorted([HELD_OUT_GROUPS[0], "written-b"])
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["written"] == sorted([HELD_OUT_GROUPS[0], "written-b"])

@@ -44,6 +44,9 @@ _NUMBER = re.compile(r"\d+")
 # "A, B and C" / "A; B" / "A or B": the items of a list answer. A comma inside a number ("7,160")
 # has no space after it and stays.
 _ITEM_SEPARATORS = re.compile(r",\s+|;\s*|\s+(?:and|or|&)\s+")
+# The rest of a word, identifier or number after a cut: word characters, and a dot, comma, colon,
+# slash or hyphen between two of them ("1,8|40", "os.pa|th.join", "Sa|to"); a space ends it.
+_WORD_REST = re.compile(r"(?:\w|[.,:/-](?=\w))+")
 _QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2013": "-", "\u2014": "-"})
 
 
@@ -87,6 +90,11 @@ def _unbracketed(text: str) -> str:
 
 def joined_passages(passages: Sequence[Passage]) -> list[str]:
     """Pure: the passages' texts, normalized, those that follow each other in a document joined."""
+    return [normalized(t) for t in _joined(passages)]
+
+
+def _joined(passages: Sequence[Passage]) -> list[str]:
+    """Pure: the passages' texts as written, those that follow each other in a document joined."""
     ordered = sorted(passages, key=lambda p: (p.document_id, p.char_start))
     texts: list[str] = []
     previous: Passage | None = None
@@ -98,7 +106,7 @@ def joined_passages(passages: Sequence[Passage]) -> list[str]:
         else:
             texts.append(p.text)
         previous = p
-    return [normalized(t) for t in texts]
+    return texts
 
 
 def answer_in_passages(answer: str, passages: Sequence[Passage]) -> bool:
@@ -153,9 +161,33 @@ def _alike(matcher: difflib.SequenceMatcher, a: str, b: str) -> bool:
     return matcher.ratio() >= SIMILAR_WORD
 
 
-def grounded_answer(answer: str, passages: Sequence[Passage]) -> str | None:
-    """Pure: `answer` as written in the passages: itself where they hold it, the span it was
-    copying where a close one exists (`closest_span`), else None (not from the passages)."""
-    if answer_in_passages(answer, passages):
+def completed_at_word_end(answer: str, passages: Sequence[Passage]) -> str:
+    """Pure: `answer` with its last word completed as the passages write it ("1,84" -> "1,840",
+    "Dahl and Caleb S" -> "Dahl and Caleb Sato"), where its last item ends inside a word or number
+    everywhere the passages hold it and they complete it alike everywhere; else `answer`.
+
+    A parallel decoder sometimes commits the answer's end before its last characters (the end's
+    slot cannot see what its neighbour will hold), and a value cut short is still a span of the
+    passage, so the substring check passes it: shown as read, "1,84" would be a wrong number."""
+    text = answer.rstrip()
+    if not text[-1:].isalnum():
         return answer
+    last = _ITEM_SEPARATORS.split(text)[-1].strip()
+    if not last:
+        return answer
+    # Where a word, identifier or number begins: "84" is no cut copy of "1,840".
+    pattern = re.compile(r"(?<!\w)(?<!\w[.,:/-])" + r"\s+".join(re.escape(w) for w in last.split()), re.IGNORECASE)
+    rests = {m.group() if (m := _WORD_REST.match(t, found.end())) else ""
+             for t in _joined(passages) for found in pattern.finditer(t)}
+    if len(rests) != 1 or "" in rests:  # held whole somewhere, ambiguous, or not found as written
+        return answer
+    return text + rests.pop()
+
+
+def grounded_answer(answer: str, passages: Sequence[Passage]) -> str | None:
+    """Pure: `answer` as written in the passages: itself where they hold it (its last word
+    completed where it was cut: `completed_at_word_end`), the span it was copying where a close
+    one exists (`closest_span`), else None (not from the passages)."""
+    if answer_in_passages(answer, passages):
+        return completed_at_word_end(answer, passages)
     return closest_span(answer, passages)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from app.grounding import Passage, answer_in_passages, answer_items, closest_span, joined_passages
+from app.grounding import (
+    Passage,
+    answer_in_passages,
+    answer_items,
+    closest_span,
+    completed_at_word_end,
+    joined_passages,
+)
 
 
 def _p(text: str, start: int = -1, document: str = "d1") -> Passage:
@@ -65,6 +72,26 @@ def test_a_garbled_copy_is_the_span_it_was_copying_and_nothing_else_is():
     assert closest_span(sentence, passages) is None  # more than MAX_SPAN_WORDS words
 
 
+def test_a_value_cut_inside_its_last_word_is_completed_as_the_passages_write_it():
+    """A decoder that ended the answer a few characters early shows the passage's whole word or
+    number; never where the cut text also stands whole, or where the passages complete it two ways."""
+    passages = [_p("The Hesk ferry costs 1,840 euros a year."), _p("Staff: Dmitri Dahl, Ravi Ferreira and Caleb Sato.")]
+    assert completed_at_word_end("1,84", passages) == "1,840"
+    assert completed_at_word_end("Dmitri Dahl, Ravi Ferreira and Caleb S", passages) == \
+        "Dmitri Dahl, Ravi Ferreira and Caleb Sato"
+    assert completed_at_word_end("caleb  s", passages) == "caleb  sato"  # the answer's own case and spacing kept
+    assert completed_at_word_end("COMSP", [_p("Set COMSPEC, or os.path.join works.")]) == "COMSPEC"
+    assert completed_at_word_end("os.pa", [_p("Set COMSPEC, or os.path.join works.")]) == "os.path.join"
+    for whole in ("1,840", "1,840 euros", "Caleb Sato", "ferry", "1,84."):
+        assert completed_at_word_end(whole, passages) == whole, whole
+    assert completed_at_word_end("3", [_p("On 3 June it cost 3,210 euros.")]) == "3"  # "3" stands whole too
+    assert completed_at_word_end("5", [_p("Ports 58 and 59.")]) == "5"  # two completions: which is not known
+    assert completed_at_word_end("84", passages) == "84"  # not a word's start: not a cut copy of "1,840"
+    assert completed_at_word_end("", passages) == ""
+    # A number cut where one chunk ends and the next begins.
+    assert completed_at_word_end("1,8", [_p("It costs 1,8", 0), _p("40 euros.", 12)]) == "1,840"
+
+
 def test_the_app_flags_an_answer_its_passages_do_not_hold():
     """What the answer shows (app.service.answer_warning): "not found" as no answer with a
     warning; a made-up value from a copying model flagged, the same from another model not; a
@@ -74,6 +101,8 @@ def test_the_app_flags_an_answer_its_passages_do_not_hold():
     passage = "Tickets for the Hesk regatta cost 8,320 euros. The Ulla night takes place in Bergen."
     citations = [Citation("d1", "report.pdf", 3, "12", -0.4, passage, char_start=0, char_end=len(passage))]
     assert answer_warning("8,320 euros", citations, -0.4, -1.5, True, "not found") == ("8,320 euros", None)
+    assert answer_warning("8,32", citations, -0.4, -1.5, True, "not found") == ("8,320", None)
+    assert answer_warning("8,32", citations, -0.4, -1.5, False, "not found") == ("8,32", None)
     shown, warning = answer_warning("Belgium", citations, -0.4, -1.5, True, "not found")
     assert shown == "Belgium" and "none of the chosen passages contains it" in warning
     assert answer_warning("Belgium", citations, -0.4, -1.5, False, "not found") == ("Belgium", None)

@@ -113,6 +113,37 @@ def test_written_qa_asks_a_wording_over_its_passage_each_collection_as_often():
                     task_weights={"written_qa": 1})
 
 
+def test_written_near_misses_show_another_passage_of_the_same_document():
+    """Asked with the passage that answers left out, a near miss shows, half the time, a passage of
+    the item's own document that does not hold the answer; never one of another document, never
+    the answer; with `written_not_found_share` 1 every example says "not found"."""
+    items = [WrittenQuestion("written-b/tool", "Tool waits 30 seconds before it retries. It logs each retry.",
+                             "30 seconds", ("how long between retries?", "retry pause?"), "number"),
+             WrittenQuestion("written-b/tool", "Tool keeps 12 log files. Older ones are deleted.", "12 log files",
+                             ("how many logs are kept?", "log count?"), "number"),
+             WrittenQuestion("written-b/other", "Other stores 30 seconds of audio.", "30 seconds",
+                             ("audio kept?", "how much audio?"), "number")]
+    layout = make_layout(BUNDLED_MODEL, model_config(TOK))
+    sampler = TaskSampler(_text_corpus(training_items(items)), lambda s: TOK.encode(s).ids, TOK.decode, layout,
+                          CHUNK, 64, seed=4, task_weights={"written_qa": 1}, near_miss_share=1.0,
+                          written_not_found_share=1.0)
+    shown = {"mate": 0, "own": 0, "none": 0}
+    for _ in range(200):
+        ex = sampler.sample(2, scoring_share=0.0)
+        text = " ".join(TOK.decode(c) for c in ex.chunks)
+        question = TOK.decode(ex.question_ids)
+        assert TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip() == "not found"
+        asked = next(q for q in items if question in q.questions)
+        assert asked.answer not in text and "Other stores" not in text
+        if asked.answer == "30 seconds":
+            mate = "Tool keeps 12 log files." in text
+            shown["mate" if mate else "own" if "It logs each retry." in text else "none"] += 1
+    assert shown["mate"] > 20 and shown["own"] > 20
+    with pytest.raises(ValueError, match="written_not_found_share"):
+        TaskSampler(_text_corpus(training_items(items)), lambda s: TOK.encode(s).ids, TOK.decode, layout, CHUNK,
+                    64, seed=0, task_weights={"written_qa": 1}, written_not_found_share=1.5)
+
+
 def test_the_written_probe_asks_every_held_out_wording_and_a_sample_of_the_trained():
     held = WrittenQuestion(f"{HELD_OUT_GROUPS[0]}/lib", "The limit is 5 retries.", "5 retries",
                            ("how many times does it retry", "max retries?"), "number")

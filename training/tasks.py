@@ -108,7 +108,8 @@ class TaskSampler:
                  niah_variant_weights: dict[str, float] | None = None,
                  multiquery_keys: tuple[int, ...] | None = None, near_miss_share: float = 0.0,
                  reword_share: float = 0.0, synonyms: Mapping[str, Sequence[str]] | None = None,
-                 decoy_share: float = 0.0, answerable_decoy_share: float = 0.0) -> None:
+                 decoy_share: float = 0.0, answerable_decoy_share: float = 0.0,
+                 written_not_found_share: float = LOOKUP_NOT_FOUND_SHARE) -> None:
         self.rng = random.Random(seed)
         # Of sentence_qa's and parsed_qa's questions, the share reworded as people ask
         # (training.reworded_questions, with `synonyms` from training.synonyms). 0 draws the streams
@@ -142,6 +143,12 @@ class TaskSampler:
         if not 0.0 <= answerable_decoy_share <= 1.0:
             raise ValueError(f"answerable_decoy_share must be within [0, 1], got {answerable_decoy_share}")
         self.answerable_decoy_share = answerable_decoy_share
+        # Of written_qa's examples, the share asked where the passage shown does not answer: people
+        # ask a page what it does not say (a third of eval-pdfs' questions), and a model that only
+        # ever saw a person's question answered learns to answer every one.
+        if not 0.0 <= written_not_found_share <= 1.0:
+            raise ValueError(f"written_not_found_share must be within [0, 1], got {written_not_found_share}")
+        self.written_not_found_share = written_not_found_share
         # How many keys a multi-query question asks for, drawn uniformly from this list; None draws
         # 2-4 uniformly (the default stream). RULER's niah_multiquery always asks for 4.
         if multiquery_keys is not None and (not multiquery_keys or any(not 1 <= n <= 4 for n in multiquery_keys)):
@@ -186,10 +193,13 @@ class TaskSampler:
         self.parsed_questions: dict[str, list[dict]] = {}
         for item in corpus.get("parsed_questions", []):
             self.parsed_questions.setdefault(item.get("source", "corpus"), []).append(item)
-        # training.written_questions.training_items, by document collection, each drawn as often.
+        # training.written_questions.training_items, by document collection, each drawn as often,
+        # and by document: a near miss shows a passage of the asked item's own document.
         self.written_questions: dict[str, list[dict]] = {}
+        self.written_by_document: dict[str, list[dict]] = {}
         for item in corpus.get("written_questions", []):
             self.written_questions.setdefault(item["source"], []).append(item)
+            self.written_by_document.setdefault(item["document"], []).append(item)
 
     # ---- random values in RULER's formats --------------------------------------------------------
 
@@ -523,24 +533,34 @@ class TaskSampler:
 
     def written_qa(self, k: int) -> Example:
         """A question written as a person asks it about a manual's passage (training.written_questions),
-        in one of its wordings, over that passage among real paragraphs; its collection drawn first."""
+        in one of its wordings, over that passage among real paragraphs; its collection drawn first.
+        `written_not_found_share` of them say "not found": the passage left out, or in a near miss
+        its other sentences, or another passage of the same document, that do not hold the answer."""
         by_group = self.written_questions
-        return self._asked_over_context(self.rng.choice(by_group[self.rng.choice(sorted(by_group))]), k)
+        item = self.rng.choice(by_group[self.rng.choice(sorted(by_group))])
+        mates = [m["context"] for m in self.written_by_document[item["document"]]
+                 if m is not item and item["answer"] not in m["context"]]
+        return self._asked_over_context(item, k, self.written_not_found_share, mates)
 
-    def _asked_over_context(self, item: dict, k: int) -> Example:
+    def _asked_over_context(self, item: dict, k: int, not_found_share: float = LOOKUP_NOT_FOUND_SHARE,
+                            near_passages: Sequence[str] = ()) -> Example:
         """`item`'s question (one of its wordings) over its context in one of k chunks of real text;
-        sometimes (the lookup task's share) the answer is "not found": the context left out, or (a
-        near miss, `near_miss_share` of them) shown without the sentences that hold the answer."""
+        sometimes (`not_found_share`) the answer is "not found": the context left out, or (a near
+        miss, `near_miss_share` of them) shown without the sentences that hold the answer, or as one
+        of `near_passages` (on the question's topic, without its answer), half the time where any."""
         r = self.rng
         chunks = [self._chunk_with([], "text") for _ in range(k)]
         context = self.encode(" " + item["context"])[: self.c - 1]
         # A context cut at the chunk's end may lose its answer: then it is not shown at all.
-        answerable = r.random() >= LOOKUP_NOT_FOUND_SHARE and item["answer"] in self.decode(context)
+        answerable = r.random() >= not_found_share and item["answer"] in self.decode(context)
         if answerable:
             if self.answerable_decoy_share and r.random() < self.answerable_decoy_share:
                 context = self._with_decoy(item, context, r)
             chunks[r.randrange(k)] = context
         elif self.near_miss_share and r.random() < self.near_miss_share:
+            if near_passages and r.random() < 0.5:
+                chunks[r.randrange(k)] = self.encode(" " + r.choice(near_passages))[: self.c - 1]
+                return self._asked(item, chunks, relations.NOT_FOUND)
             rest = [s for s in split_sentences(item["context"]) if item["answer"] not in s]
             # A passage whose every sentence holds the answer leaves nothing on topic to hide a decoy in.
             if rest and self.decoy_share and r.random() < self.decoy_share:
@@ -549,7 +569,11 @@ class TaskSampler:
                     rest.insert(r.randrange(len(rest) + 1), decoy)
             if rest:
                 chunks[r.randrange(k)] = self.encode(" " + " ".join(rest))[: self.c - 1]
-        answer = item["answer"] if answerable else relations.NOT_FOUND
+        return self._asked(item, chunks, item["answer"] if answerable else relations.NOT_FOUND)
+
+    def _asked(self, item: dict, chunks: list[list[int]], answer: str) -> Example:
+        """`item`'s question, one of its wordings (reworded, `reword_share` of the time), over `chunks`."""
+        r = self.rng
         question = r.choice(item["questions"])
         if self.reword_share and r.random() < self.reword_share:
             question = self.rewording(question, item["answer"], item["context"], r)

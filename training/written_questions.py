@@ -72,6 +72,7 @@ def read_written_questions(path: Path = WRITTEN_QUESTIONS) -> list[WrittenQuesti
 
 def training_items(items: list[WrittenQuestion]) -> list[dict]:
     """The items the training may ask (none of HELD_OUT_GROUPS), as the question tasks take them
-    (`TaskSampler._asked_over_context`: context, answer, questions, source)."""
-    return [{"context": q.context, "answer": q.answer, "questions": list(q.questions), "source": q.group}
-            for q in items if not q.held_out]
+    (`TaskSampler._asked_over_context`: context, answer, questions; source, the collection; and
+    document, whose other passages are the item's near misses)."""
+    return [{"context": q.context, "answer": q.answer, "questions": list(q.questions), "source": q.group,
+             "document": q.source} for q in items if not q.held_out]

@@ -9,7 +9,9 @@ answer passes when each of its items is found), so a copied answer is never flag
 A small model copying a long span in parallel diffusion steps sometimes garbles a few of its
 characters ("a thread error Silector" for "a thread error detector", "--zero-bables=function" for
 "--zero-before=function"); `closest_span` finds the span it was copying, so the app shows the
-passage's own words instead of flagging a copy for a typo.
+passage's own words instead of flagging a copy for a typo. It also commits an answer's end a few
+characters early at times ("1,84" for "1,840", "Caleb S" for "Caleb Sato"), still a span of the
+passage; `completed_at_word_end` shows the word the passage completes it to.
 """
 
 from __future__ import annotations
@@ -44,9 +46,12 @@ _NUMBER = re.compile(r"\d+")
 # "A, B and C" / "A; B" / "A or B": the items of a list answer. A comma inside a number ("7,160")
 # has no space after it and stays.
 _ITEM_SEPARATORS = re.compile(r",\s+|;\s*|\s+(?:and|or|&)\s+")
-# The rest of a word, identifier or number after a cut: word characters, and a dot, comma, colon,
-# slash or hyphen between two of them ("1,8|40", "os.pa|th.join", "Sa|to"); a space ends it.
-_WORD_REST = re.compile(r"(?:\w|[.,:/-](?=\w))+")
+# The rest of a word, identifier or number cut inside it: a word character right after the cut,
+# then word characters and a dot, comma, colon, slash or hyphen between two of them ("1,8|40",
+# "os.pa|th.join", "Sa|to"); a space ends it. Nothing where the cut falls at a word's end: "10" of
+# "10-15" and "1" of "1.5" are whole values, not cut ones.
+_WORD_REST = re.compile(r"\w(?:\w|[.,:/-](?=\w))*")
+MIN_CUT_CHARS = 2  # a one-character answer ("5") is left as written: "50" and "500" are different values
 _QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2013": "-", "\u2014": "-"})
 
 
@@ -170,10 +175,8 @@ def completed_at_word_end(answer: str, passages: Sequence[Passage]) -> str:
     slot cannot see what its neighbour will hold), and a value cut short is still a span of the
     passage, so the substring check passes it: shown as read, "1,84" would be a wrong number."""
     text = answer.rstrip()
-    if not text[-1:].isalnum():
-        return answer
     last = _ITEM_SEPARATORS.split(text)[-1].strip()
-    if not last:
+    if not text[-1:].isalnum() or len(last) < MIN_CUT_CHARS:
         return answer
     # Where a word, identifier or number begins: "84" is no cut copy of "1,840".
     pattern = re.compile(r"(?<!\w)(?<!\w[.,:/-])" + r"\s+".join(re.escape(w) for w in last.split()), re.IGNORECASE)

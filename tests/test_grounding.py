@@ -84,8 +84,14 @@ def test_a_value_cut_inside_its_last_word_is_completed_as_the_passages_write_it(
     assert completed_at_word_end("os.pa", [_p("Set COMSPEC, or os.path.join works.")]) == "os.path.join"
     for whole in ("1,840", "1,840 euros", "Caleb Sato", "ferry", "1,84."):
         assert completed_at_word_end(whole, passages) == whole, whole
-    assert completed_at_word_end("3", [_p("On 3 June it cost 3,210 euros.")]) == "3"  # "3" stands whole too
-    assert completed_at_word_end("5", [_p("Ports 58 and 59.")]) == "5"  # two completions: which is not known
+    assert completed_at_word_end("32", [_p("On 32 June it cost 3210 euros.")]) == "32"  # "32" stands whole too
+    assert completed_at_word_end("58", [_p("Ports 581 and 589.")]) == "58"  # two completions: which is not known
+    assert completed_at_word_end("5", [_p("It holds 50 items.")]) == "5"  # one character: "5" and "50" differ
+    # A cut at a word's end is no cut: the separator after it does not join the next word on.
+    for answer, passage in (("10", "waits 10-15 seconds"), ("1", "Version 1.5"), ("2024", "on 2024-01-15"),
+                            ("64", "a 64-bit build"), ("10", "at 10:30"), ("usr", "in /usr/local/bin"),
+                            ("port 80", "port 80.Then")):
+        assert completed_at_word_end(answer, [_p(passage)]) == answer, answer
     assert completed_at_word_end("84", passages) == "84"  # not a word's start: not a cut copy of "1,840"
     assert completed_at_word_end("", passages) == ""
     # A number cut where one chunk ends and the next begins.

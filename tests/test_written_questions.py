@@ -28,7 +28,7 @@ CHUNK = 128  # the bundled model's chunk, BOS included
 
 
 def _line(**kw) -> str:
-    item = {"source": "written-x/tool", "context": "The default port is 8080 for new servers.", "answer": "8080",
+    item = {"source": "written-info1/tool", "context": "The default port is 8080 for new servers.", "answer": "8080",
             "questions": ["which port does it listen on out of the box?"], "kind": "number"} | kw
     return json.dumps(item)
 
@@ -42,9 +42,10 @@ def test_the_committed_items_are_valid_fit_a_chunk_and_keep_to_their_split():
         shown = TOK.decode(TOK.encode(" " + q.context).ids[:CHUNK - 1])
         assert q.answer in shown, q
         assert len(set(q.questions)) == len(q.questions) >= 2, q
-    # The manuals eval-pdfs asks about, by the words their documents' names would hold.
+    # The manuals eval-pdfs asks about, by the words their documents' names would hold; each of
+    # SOURCES must be named here (a source added there fails until it is).
     eval_manuals = ("valgrind", "zlib", "crc", "mime", "faq", "nettle", "bash", "bzip2", "libtasn1")
-    assert len(eval_manuals) > len(SOURCES)
+    assert all(any(m in f"{s.name} {s.package}" for m in eval_manuals) for s in SOURCES.values())
     assert not any(m in q.source.lower() for q in items for m in eval_manuals)
     held = [q for q in items if q.held_out]
     assert held and {q.group for q in held} <= set(HELD_OUT_GROUPS)
@@ -57,7 +58,13 @@ def test_the_committed_items_are_valid_fit_a_chunk_and_keep_to_their_split():
 @pytest.mark.parametrize("change, message", [
     ({"answer": "9090"}, "not a span"),
     ({"questions": ["  "]}, "no question"),
-    ({"source": "no-group"}, "no '<group>/<document>'"),
+    ({"questions": "which port?"}, "a list of strings"),
+    ({"questions": None}, "a list of strings"),
+    ({"source": "no-group"}, "is no '<collection>/<document>'"),
+    ({"source": "/tool"}, "is no '<collection>/<document>'"),
+    ({"source": "written-x/"}, "is no '<collection>/<document>'"),
+    ({"source": "written-pyton/json"}, "is no '<collection>/<document>'"),  # a misspelt one is not trained on
+    ({"kind": "date"}, "none of number"),
     ({"context": "word " * 71 + "8080"}, "more than 70"),
 ])
 def test_an_item_a_task_cannot_ask_is_refused_clearly(change, message):
@@ -72,6 +79,11 @@ def test_a_bad_line_is_named_by_its_number(tmp_path):
         read_written_questions(path)
     path.write_text(_line() + "\n" + _line(context="The   default port\nis 8080.") + "\n")
     assert [q.context for q in read_written_questions(path)][1] == "The default port is 8080."
+    for bad, message in (("[1, 2]", "a JSON object, not list"), ('{"source": "written-info1/x"}', "missing field"),
+                         ("{not json", "items.jsonl:1: Expecting")):
+        path.write_text(bad + "\n")
+        with pytest.raises(ValueError, match=message):
+            read_written_questions(path)
 
 
 def _text_corpus(items):
@@ -121,6 +133,9 @@ def test_written_near_misses_show_another_passage_of_the_same_document():
                              "30 seconds", ("how long between retries?", "retry pause?"), "number"),
              WrittenQuestion("written-b/tool", "Tool keeps 12 log files. Older ones are deleted.", "12 log files",
                              ("how many logs are kept?", "log count?"), "number"),
+             # A passage of the same document holding the asked answer is no near miss: never shown.
+             WrittenQuestion("written-b/tool", "Tool gives up after 30 seconds of silence.", "Tool gives up",
+                             ("when does it stop?", "what happens on silence?"), "phrase"),
              WrittenQuestion("written-b/other", "Other stores 30 seconds of audio.", "30 seconds",
                              ("audio kept?", "how much audio?"), "number")]
     layout = make_layout(BUNDLED_MODEL, model_config(TOK))
@@ -135,6 +150,7 @@ def test_written_near_misses_show_another_passage_of_the_same_document():
         assert TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip() == "not found"
         asked = next(q for q in items if question in q.questions)
         assert asked.answer not in text and "Other stores" not in text
+        assert asked.answer != "30 seconds" or "of silence" not in text
         if asked.answer == "30 seconds":
             mate = "Tool keeps 12 log files." in text
             shown["mate" if mate else "own" if "It logs each retry." in text else "none"] += 1
@@ -156,6 +172,7 @@ def test_the_written_probe_asks_every_held_out_wording_and_a_sample_of_the_train
     assert {q.question for q in asked[2:]} <= {f"flag {i}?" for i in range(6)}
 
 
+@pytest.mark.slow
 def test_the_written_probe_reads_through_the_app(tmp_path):
     """The bundled model reads a held-out item and a trained one over their passages alone; the
     summary gives the written kind its held-out and seen rows."""
@@ -171,3 +188,11 @@ def test_the_written_probe_reads_through_the_app(tmp_path):
     assert "| written |" in summary and "| held-out |" in summary and "| seen |" in summary
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["written"] == sorted([HELD_OUT_GROUPS[0], "written-b"])
+
+
+def test_the_cli_refuses_pdf_sources_with_written_questions(capsys):
+    from tools.cli import main
+    from ui.cli import EXIT_USAGE
+
+    assert main(["probe-reading", "--written", "--sources", "valgrind"]) == EXIT_USAGE
+    assert "--written asks the written questions" in capsys.readouterr().err

@@ -224,6 +224,10 @@ def _cmd_probe_reading(args: argparse.Namespace) -> int:
     from tools import reading_probe
 
     written = None
+    if args.written and args.sources:
+        print("docqa-tools probe-reading: --written asks the written questions, not the PDFs' --sources",
+              file=sys.stderr)
+        return EXIT_USAGE
     if args.written:
         from training.written_questions import read_written_questions
 

@@ -18,6 +18,10 @@ chunk chosen: `pdf_questions.read_passage_alone`), so only reading is measured, 
   WordNet is installed (Debian's wordnet-base); the two parsed kinds differ by that rewording alone;
 
 and by document source: a held-out PDF's text is not in the training corpus, a seen one's is.
+
+`--written` asks training.written_questions' items instead (kind `written`): questions people would
+type, written over passages of installed manuals, every wording of the held-out collection's (its
+questions never trained on; its text, like a seen PDF's, in the corpus) and a sample of the trained.
 The rule and cloze kinds share their templates with training tasks, so a model can pass them by
 learning the templates: they say whether reading transfers to new documents, and eval-pdfs'
 hand-written questions whether it transfers to people's wording. Right: the answer holds the
@@ -38,9 +42,10 @@ from tools.pdf_questions import SOURCES, PdfSource, app_over, holds_answer, know
 from training.cloze_questions import cloze_example, occurrences
 from training.reworded_questions import Rewording, one_token_words
 from training.sentence_questions import context_window, questions_for
-from training.written_questions import HELD_OUT_GROUPS, WrittenQuestion
+from training.written_questions import WrittenQuestion
 
-KINDS = ("rule, training wording", "rule, held-out wording", "cloze", "parsed", "parsed, reworded", "written")
+WRITTEN_KIND = "written"
+KINDS = ("rule, training wording", "rule, held-out wording", "cloze", "parsed", "parsed, reworded", WRITTEN_KIND)
 CONTEXT_CHARS = 450  # a question's context, as the training tasks cut it: it fits one chunk
 MIN_PARAGRAPH_CHARS = 80  # shorter blocks of a PDF's text are headings, page numbers, table cells
 
@@ -134,11 +139,11 @@ def written_probe_questions(items: list[WrittenQuestion], per_group: int, rng: r
     """Pure given `rng`: every wording of every held-out item (training.written_questions), and of
     each training collection `per_group` items drawn by `rng`, in their first wording (how well
     questions the training asked are read: against the held-out row, what memorising is worth)."""
-    asked = [ProbeQuestion(q.group, KINDS[5], q.context, wording, q.answer)
+    asked = [ProbeQuestion(q.group, WRITTEN_KIND, q.context, wording, q.answer)
              for q in items if q.held_out for wording in q.questions]
     for group in sorted({q.group for q in items if not q.held_out}):
         members = [q for q in items if q.group == group]
-        asked += [ProbeQuestion(group, KINDS[5], q.context, q.questions[0], q.answer)
+        asked += [ProbeQuestion(group, WRITTEN_KIND, q.context, q.questions[0], q.answer)
                   for q in rng.sample(members, min(per_group, len(members)))]
     return asked
 
@@ -166,7 +171,7 @@ def probe(model_dir: Path, out_dir: Path, only: Iterable[str] | None = None, per
     library, removed after), and writes rows.jsonl, summary.md and meta.json under `out_dir`."""
     if written is not None:
         asked = written_probe_questions(written, per_kind, random.Random(seed))
-        held_out = {q.source: q.source in HELD_OUT_GROUPS for q in asked}
+        held_out = {q.group: q.held_out for q in written}
         return _read_each_alone(model_dir, out_dir, asked, held_out, device, progress,
                                 {"written": sorted(held_out), "per_kind": per_kind, "seed": seed})
     from app.ingest import extract_pdf

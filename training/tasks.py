@@ -64,6 +64,9 @@ TASK_WEIGHTS = {"niah": 10, "kv_retrieval": 2, "hotpot": 3, "which_document": 2,
                 "lookup_generated": 0, "text_denoising": 0, "text_mdm": 0, "lookup_near": 0,
                 "lookup_dressed": 0, "cloze_qa": 0, "parsed_qa": 0, "written_qa": 0}
 LOOKUP_NOT_FOUND_SHARE = 0.15
+# Of the near misses of a question with passages of its own document besides (written_qa), the share
+# shown one of those; the others show the passage's own sentences without the answer.
+NEAR_PASSAGE_SHARE = 0.5
 # lookup_near asks a list family this share of the time (the table's 7 training list families are
 # 4% of plain lookups; on the held-out sets a list question is the likeliest miss).
 LOOKUP_NEAR_LIST_SHARE = 0.3
@@ -111,7 +114,8 @@ class TaskSampler:
                  decoy_share: float = 0.0, answerable_decoy_share: float = 0.0,
                  written_not_found_share: float = LOOKUP_NOT_FOUND_SHARE) -> None:
         self.rng = random.Random(seed)
-        # Of sentence_qa's and parsed_qa's questions, the share reworded as people ask
+        # Of sentence_qa's and parsed_qa's questions, the share reworded as people ask (written_qa's
+        # are written so already)
         # (training.reworded_questions, with `synonyms` from training.synonyms). 0 draws the streams
         # of the runs before rewording existed.
         if not 0.0 <= reword_share <= 1.0:
@@ -121,22 +125,22 @@ class TaskSampler:
         self.reword_share = reword_share
         self.rewording = Rewording(synonyms, one_token_words(encode)) if synonyms is not None else None
         # Of the unanswerable examples of the tasks that ask over real text (sentence_qa, parsed_qa,
-        # hotpot), the share that are near misses: passages on the question's topic that do not hold
+        # written_qa, hotpot), the share that are near misses: passages on the question's topic that do not hold
         # its answer, as a search finds for a question the document cannot answer. 0 draws the
         # streams of the runs before near misses existed.
         if not 0.0 <= near_miss_share <= 1.0:
             raise ValueError(f"near_miss_share must be within [0, 1], got {near_miss_share}")
         self.near_miss_share = near_miss_share
-        # Of sentence_qa's and parsed_qa's near misses, the share shown with a decoy besides: a
-        # sentence from elsewhere in the corpus holding a value of the answer's kind about another
+        # Of sentence_qa's, parsed_qa's and written_qa's near misses, the share shown with a decoy
+        # besides: a sentence from elsewhere in the corpus holding a value of the answer's kind about another
         # subject (training.decoy_values). 0 draws the streams of the runs before decoys existed.
         if not 0.0 <= decoy_share <= 1.0:
             raise ValueError(f"decoy_share must be within [0, 1], got {decoy_share}")
         if decoy_share and not near_miss_share:
             raise ValueError("decoys are shown in near misses: decoy_share needs near_miss_share")
         self.decoy_share = decoy_share
-        # Of sentence_qa's and parsed_qa's answerable examples, the share whose context holds a decoy
-        # too: the same kind of value about another subject beside the answer. Decoys only in
+        # Of sentence_qa's, parsed_qa's and written_qa's answerable examples, the share whose context
+        # holds a decoy too: the same kind of value about another subject beside the answer. Decoys only in
         # unanswerable examples teach "a decoy in view means not found", and a model that cannot tell
         # the decoy from the answer refuses both; with decoys on both sides only telling them apart
         # pays. 0 draws the streams of the runs before it existed.
@@ -172,7 +176,9 @@ class TaskSampler:
                             ("sentence_qa", "sentence_questions"), ("parsed_qa", "parsed_questions"),
                             ("written_qa", "written_questions")):
             if self.task_weights[task] and not corpus.get(needs):
-                raise ValueError(f"the {task} task needs the corpus's real text (training.prepare --corpus)")
+                source = ("training.written_questions' items (training.train adds them)" if task == "written_qa"
+                          else "the corpus's real text (training.prepare --corpus)")
+                raise ValueError(f"the {task} task needs {source}")
         self.encode, self.decode = encode, decode  # str -> list[int], list[int] -> str
         self.layout, self.c, self.answer_len = layout, chunk_size, answer_len
         self.sent_tok, self.sent_off = corpus["essay_sentences"]["tokens"], corpus["essay_sentences"]["offsets"]
@@ -540,14 +546,16 @@ class TaskSampler:
         item = self.rng.choice(by_group[self.rng.choice(sorted(by_group))])
         mates = [m["context"] for m in self.written_by_document[item["document"]]
                  if m is not item and item["answer"] not in m["context"]]
-        return self._asked_over_context(item, k, self.written_not_found_share, mates)
+        # Written as people ask already: not reworded by rule.
+        return self._asked_over_context(item, k, self.written_not_found_share, mates, reword=False)
 
     def _asked_over_context(self, item: dict, k: int, not_found_share: float = LOOKUP_NOT_FOUND_SHARE,
-                            near_passages: Sequence[str] = ()) -> Example:
-        """`item`'s question (one of its wordings) over its context in one of k chunks of real text;
-        sometimes (`not_found_share`) the answer is "not found": the context left out, or (a near
-        miss, `near_miss_share` of them) shown without the sentences that hold the answer, or as one
-        of `near_passages` (on the question's topic, without its answer), half the time where any."""
+                            near_passages: Sequence[str] = (), reword: bool = True) -> Example:
+        """`item`'s question (one of its wordings; reworded `reword_share` of the time if `reword`)
+        over its context in one of k chunks of real text; sometimes (`not_found_share`) the answer
+        is "not found": the context left out, or (a near miss, `near_miss_share` of them) shown
+        without the sentences that hold the answer, or, NEAR_PASSAGE_SHARE of the time where any are
+        given, as one of `near_passages` (on the question's topic, without its answer)."""
         r = self.rng
         chunks = [self._chunk_with([], "text") for _ in range(k)]
         context = self.encode(" " + item["context"])[: self.c - 1]
@@ -558,9 +566,9 @@ class TaskSampler:
                 context = self._with_decoy(item, context, r)
             chunks[r.randrange(k)] = context
         elif self.near_miss_share and r.random() < self.near_miss_share:
-            if near_passages and r.random() < 0.5:
+            if near_passages and r.random() < NEAR_PASSAGE_SHARE:
                 chunks[r.randrange(k)] = self.encode(" " + r.choice(near_passages))[: self.c - 1]
-                return self._asked(item, chunks, relations.NOT_FOUND)
+                return self._asked(item, chunks, relations.NOT_FOUND, reword)
             rest = [s for s in split_sentences(item["context"]) if item["answer"] not in s]
             # A passage whose every sentence holds the answer leaves nothing on topic to hide a decoy in.
             if rest and self.decoy_share and r.random() < self.decoy_share:
@@ -569,13 +577,14 @@ class TaskSampler:
                     rest.insert(r.randrange(len(rest) + 1), decoy)
             if rest:
                 chunks[r.randrange(k)] = self.encode(" " + " ".join(rest))[: self.c - 1]
-        return self._asked(item, chunks, item["answer"] if answerable else relations.NOT_FOUND)
+        return self._asked(item, chunks, item["answer"] if answerable else relations.NOT_FOUND, reword)
 
-    def _asked(self, item: dict, chunks: list[list[int]], answer: str) -> Example:
-        """`item`'s question, one of its wordings (reworded, `reword_share` of the time), over `chunks`."""
+    def _asked(self, item: dict, chunks: list[list[int]], answer: str, reword: bool) -> Example:
+        """`item`'s question, one of its wordings (reworded, `reword_share` of the time if `reword`),
+        over `chunks`."""
         r = self.rng
         question = r.choice(item["questions"])
-        if self.reword_share and r.random() < self.reword_share:
+        if reword and self.reword_share and r.random() < self.reword_share:
             question = self.rewording(question, item["answer"], item["context"], r)
         return Example(chunks, self.encode(question), self._answer(answer))
 

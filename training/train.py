@@ -55,7 +55,7 @@ from training.tasks import (
     attention_mask,
     collate,
 )
-from training.written_questions import read_written_questions, training_items
+from training.written_questions import read_written_questions, training_items, written_questions_digest
 
 CHUNK_SIZE = 128
 ANSWER_LEN = 64
@@ -298,15 +298,15 @@ def main() -> None:
                     help="keys a multi-query question asks for, drawn uniformly from this list, e.g. 3,4,4 "
                          "(default: 2-4 uniformly)")
     ap.add_argument("--near-miss-share", type=_share, default=0.0,
-                    help="of the unanswerable examples of sentence_qa, parsed_qa and hotpot, the share shown "
-                         "passages on the question's topic without its answer (default 0: none)")
+                    help="of the unanswerable examples of sentence_qa, parsed_qa, written_qa and hotpot, the "
+                         "share shown passages on the question's topic without its answer (default 0: none)")
     ap.add_argument("--decoy-share", type=_share, default=0.0,
-                    help="of sentence_qa's and parsed_qa's near misses, the share shown a decoy besides: a "
-                         "sentence holding a value of the answer's kind about another subject "
+                    help="of sentence_qa's, parsed_qa's and written_qa's near misses, the share shown a decoy "
+                         "besides: a sentence holding a value of the answer's kind about another subject "
                          "(training.decoy_values; needs --near-miss-share; default 0: none)")
     ap.add_argument("--answerable-decoy-share", type=_share, default=0.0,
-                    help="of sentence_qa's and parsed_qa's answerable examples, the share whose context holds "
-                         "a decoy besides the answer, so that telling them apart pays, not refusing "
+                    help="of sentence_qa's, parsed_qa's and written_qa's answerable examples, the share whose "
+                         "context holds a decoy besides the answer, so that telling them apart pays, not refusing "
                          "(default 0: none)")
     ap.add_argument("--written-not-found-share", type=_share, default=LOOKUP_NOT_FOUND_SHARE,
                     help="of written_qa's examples, the share whose passage does not answer (\"not found\"; "
@@ -463,6 +463,7 @@ def main() -> None:
             "reword_share": args.reword_share, "decoy_share": args.decoy_share,
             "answerable_decoy_share": args.answerable_decoy_share,
             "written_not_found_share": args.written_not_found_share,
+            "written_questions_sha256": written_questions_digest() if args.task_weights.get("written_qa") else None,
             "init_from": init_from, "start_stage": start_stage,
             "pool_kv_heads": args.pool_kv_heads,
             "lr": args.lr, "total_minutes": args.total_minutes}

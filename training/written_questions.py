@@ -8,19 +8,25 @@ Administrator's Handbook, git's manual, section 5 and 8 man pages, Python's libr
 with two or three wordings for one answer, a span of the passage. None is from a manual eval-pdfs
 asks about (`tools.pdf_questions.SOURCES`).
 
-The unit of the train / held-out split is the document collection (`group`): the collections in
-HELD_OUT_GROUPS are never trained on; `docqa-tools probe-reading --written` reads them, each over
-its passage alone, to measure reading people's questions on documents the training never saw.
+The unit of the train / held-out split is the document collection (`group`): the questions of the
+collections in HELD_OUT_GROUPS are never trained on; `docqa-tools probe-reading --written` reads them,
+each over its passage alone, to measure reading people's questions on documents whose questions the
+training never saw. Their text is another matter: every installed manual but eval-pdfs' held-out
+packages is in the pretraining corpus (`training.corpus`, Python's HTML manual among them), so the
+held-out collection is read as eval-pdfs' *seen* sources are: known text, new questions.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 WRITTEN_QUESTIONS = Path(__file__).with_name("data") / "written_questions.jsonl"
+COLLECTIONS = ("written-info1", "written-info2", "written-handbook", "written-gitman", "written-python")
 HELD_OUT_GROUPS = ("written-python",)
+KINDS = ("number", "name", "identifier", "value", "phrase")
 MAX_CONTEXT_WORDS = 70  # a passage fits one 128-token chunk of the bundled model with its BOS
 
 
@@ -30,7 +36,7 @@ class WrittenQuestion:
     context: str  # the passage, as the document words it
     answer: str  # a span of `context`
     questions: tuple[str, ...]  # wordings of the one question
-    kind: str  # number, name, identifier, value or phrase
+    kind: str  # one of KINDS
 
     @property
     def group(self) -> str:
@@ -44,10 +50,21 @@ class WrittenQuestion:
 def parse_written_question(line: str) -> WrittenQuestion:
     """One JSONL line as an item; a clear ValueError where it is not one a task can ask."""
     raw = json.loads(line)
+    if not isinstance(raw, dict):
+        raise ValueError(f"an item is a JSON object, not {type(raw).__name__}")
+    missing = [f for f in ("source", "context", "answer", "questions", "kind") if f not in raw]
+    if missing:
+        raise ValueError(f"missing field {missing[0]!r}")
+    questions = raw["questions"]
+    if not isinstance(questions, list) or not all(isinstance(q, str) for q in questions):
+        raise ValueError("questions is a list of strings")
     item = WrittenQuestion(str(raw["source"]), " ".join(str(raw["context"]).split()), str(raw["answer"]).strip(),
-                           tuple(str(q).strip() for q in raw["questions"] if str(q).strip()), str(raw.get("kind", "")))
-    if "/" not in item.source:
-        raise ValueError(f"source {item.source!r} names no '<group>/<document>'")
+                           tuple(q.strip() for q in questions if q.strip()), str(raw["kind"]))
+    group, _, document = item.source.partition("/")
+    if group not in COLLECTIONS or not document:
+        raise ValueError(f"source {item.source!r} is no '<collection>/<document>' of {', '.join(COLLECTIONS)}")
+    if item.kind not in KINDS:
+        raise ValueError(f"kind {item.kind!r} is none of {', '.join(KINDS)}")
     if not item.answer or item.answer not in item.context:
         raise ValueError(f"answer {item.answer!r} is not a span of its context")
     if not item.questions:
@@ -65,7 +82,7 @@ def read_written_questions(path: Path = WRITTEN_QUESTIONS) -> list[WrittenQuesti
             continue
         try:
             items.append(parse_written_question(line))
-        except (ValueError, KeyError, TypeError) as e:
+        except ValueError as e:  # json.JSONDecodeError is one
             raise ValueError(f"{path}:{number}: {e}") from e
     return items
 
@@ -76,3 +93,9 @@ def training_items(items: list[WrittenQuestion]) -> list[dict]:
     document, whose other passages are the item's near misses)."""
     return [{"context": q.context, "answer": q.answer, "questions": list(q.questions), "source": q.group,
              "document": q.source} for q in items if not q.held_out]
+
+
+def written_questions_digest(path: Path = WRITTEN_QUESTIONS) -> str:
+    """The file's sha256, for a run's record of the items it was trained on (the file is versioned
+    apart from the prepared corpus)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -2,7 +2,7 @@
 # Run 31 (prepared, not yet run): run 30's weights (int8, .device-data/run30-int8: run 30's bf16
 # weights from its call quantized by scripts/quantize_weights.py, with models/docqa-tiny's config
 # and docqa.json; reproducible from docs/results/docqa-tiny-run30/task-training.sh) trained on with
-# run 30's mix, where a third of written_qa's questions are asked with the passage that answers left
+# run 30's mix (written_qa no longer reworded by rule), where a third of written_qa's questions are asked with the passage that answers left
 # out (--written-not-found-share 0.35), 40% of those near misses: the passage's other sentences, or
 # half the time another passage of the same document (TaskSampler.written_qa). Run 30 answered the
 # PDFs' questions that the manuals do not answer with made-up values (5 of 23 held-out "not found");

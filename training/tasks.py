@@ -114,10 +114,9 @@ class TaskSampler:
                  decoy_share: float = 0.0, answerable_decoy_share: float = 0.0,
                  written_not_found_share: float = LOOKUP_NOT_FOUND_SHARE) -> None:
         self.rng = random.Random(seed)
-        # Of sentence_qa's and parsed_qa's questions, the share reworded as people ask (written_qa's
-        # are written so already)
-        # (training.reworded_questions, with `synonyms` from training.synonyms). 0 draws the streams
-        # of the runs before rewording existed.
+        # Of sentence_qa's and parsed_qa's questions, the share reworded as people ask
+        # (training.reworded_questions, with `synonyms` from training.synonyms; written_qa's are
+        # written so already). 0 draws the streams of the runs before rewording existed.
         if not 0.0 <= reword_share <= 1.0:
             raise ValueError(f"reword_share must be within [0, 1], got {reword_share}")
         if reword_share and synonyms is None:
@@ -125,25 +124,26 @@ class TaskSampler:
         self.reword_share = reword_share
         self.rewording = Rewording(synonyms, one_token_words(encode)) if synonyms is not None else None
         # Of the unanswerable examples of the tasks that ask over real text (sentence_qa, parsed_qa,
-        # written_qa, hotpot), the share that are near misses: passages on the question's topic that do not hold
-        # its answer, as a search finds for a question the document cannot answer. 0 draws the
-        # streams of the runs before near misses existed.
+        # written_qa, hotpot), the share that are near misses: passages on the question's topic that
+        # do not hold its answer, as a search finds for a question the document cannot answer. 0
+        # draws the streams of the runs before near misses existed.
         if not 0.0 <= near_miss_share <= 1.0:
             raise ValueError(f"near_miss_share must be within [0, 1], got {near_miss_share}")
         self.near_miss_share = near_miss_share
         # Of sentence_qa's, parsed_qa's and written_qa's near misses, the share shown with a decoy
-        # besides: a sentence from elsewhere in the corpus holding a value of the answer's kind about another
-        # subject (training.decoy_values). 0 draws the streams of the runs before decoys existed.
+        # besides: a sentence from elsewhere in the corpus holding a value of the answer's kind about
+        # another subject (training.decoy_values). 0 draws the streams of the runs before decoys
+        # existed.
         if not 0.0 <= decoy_share <= 1.0:
             raise ValueError(f"decoy_share must be within [0, 1], got {decoy_share}")
         if decoy_share and not near_miss_share:
             raise ValueError("decoys are shown in near misses: decoy_share needs near_miss_share")
         self.decoy_share = decoy_share
         # Of sentence_qa's, parsed_qa's and written_qa's answerable examples, the share whose context
-        # holds a decoy too: the same kind of value about another subject beside the answer. Decoys only in
-        # unanswerable examples teach "a decoy in view means not found", and a model that cannot tell
-        # the decoy from the answer refuses both; with decoys on both sides only telling them apart
-        # pays. 0 draws the streams of the runs before it existed.
+        # holds a decoy too: the same kind of value about another subject beside the answer. Decoys
+        # only in unanswerable examples teach "a decoy in view means not found", and a model that
+        # cannot tell the decoy from the answer refuses both; with decoys on both sides only telling
+        # them apart pays. 0 draws the streams of the runs before it existed.
         if not 0.0 <= answerable_decoy_share <= 1.0:
             raise ValueError(f"answerable_decoy_share must be within [0, 1], got {answerable_decoy_share}")
         self.answerable_decoy_share = answerable_decoy_share

@@ -19,13 +19,14 @@ chunk chosen: `pdf_questions.read_passage_alone`), so only reading is measured, 
 
 and by document source: a held-out PDF's text is not in the training corpus, a seen one's is.
 
-`--written` asks training.written_questions' items instead (kind `written`): questions people would
-type, written over passages of installed manuals, every wording of the held-out collection's (its
-questions never trained on; its text, like a seen PDF's, in the corpus) and a sample of the trained.
 The rule and cloze kinds share their templates with training tasks, so a model can pass them by
 learning the templates: they say whether reading transfers to new documents, and eval-pdfs'
 hand-written questions whether it transfers to people's wording. Right: the answer holds the
 expected span as whole words (`pdf_questions.holds_answer`, as eval-pdfs scores).
+
+`--written` asks training.written_questions' items instead (kind `written`): questions people would
+type, written over passages of installed manuals, every wording of the held-out collection's (its
+questions never trained on; its text, like a seen PDF's, in the corpus) and a sample of the trained.
 """
 
 from __future__ import annotations

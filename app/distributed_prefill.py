@@ -227,12 +227,20 @@ class DistributedKVService(DocumentKVService):
         while (job := self._broadcast(None)) is not None:
             self._prefill_shared(job.key, None)
             done += 1
+        self._leave_together()
         return done
 
     def stop_ranks(self) -> None:
         """On rank 0: ends the other ranks' `serve_prefills`."""
         if self.group.world_size > 1 and not self.lost:
             self._broadcast(None)
+            self._leave_together()
+
+    def _leave_together(self) -> None:
+        """The ranks' last collective, so that no rank tears its group down while a peer is still in
+        the last exchange: gloo can then abort the rank at exit ("terminate called without an active
+        exception"), failing a run whose documents were all stored."""
+        self._collective(dist.barrier)
 
     def _prefill_shared(self, key: KVKey, progress: ProgressFn | None) -> None:
         """Every rank: its share written into the cache rank 0 staged; on rank 0, the commit."""

@@ -49,6 +49,9 @@ class ModelDefaults:
     # Also read each chosen chunk alone and answer with the one that alone does not abstain
     # (engine.method.reading; static mode without re-selection); needs abstain_answer.
     read_chunks_alone: bool = False
+    # With read_chunks_alone: give an answer only where a chosen chunk read alone confirms it, else
+    # "not found" (engine.method.reading.confirmed).
+    confirm_with_lone_reading: bool = False
 
 
 # What each default does, in a sentence a user reads (the Settings tab lists them with their values).
@@ -81,6 +84,8 @@ FIELD_HELP: dict[str, str] = {
     "abstain_answer": "What the model answers when the chosen passages do not hold the fact.",
     "read_chunks_alone": "Static mode: also read each chosen passage alone; where exactly one of them alone "
                          "holds an answer, that answer is given (and that passage cited first).",
+    "confirm_with_lone_reading": "With read_chunks_alone: give an answer only where a chosen passage read alone "
+                                 "gives it too; otherwise say it was not found.",
 }
 
 
@@ -97,7 +102,7 @@ def model_defaults(folder: Path | None) -> ModelDefaults:
 # the app's (chunking, the prefilter, warnings).
 ANSWER_FIELDS = ("top_k", "auto_k", "score_margin", "coverage_gain", "token_budget", "bm25_weight", "kv_mode",
                  "position_mode", "scorer", "llada_folds", "decoder", "threshold", "gen_length", "block_length",
-                 "end_after_text", "read_chunks_alone", "abstain_answer")
+                 "end_after_text", "read_chunks_alone", "abstain_answer", "confirm_with_lone_reading")
 
 
 def parse_overrides(items: list[str], allowed: tuple[str, ...] = ANSWER_FIELDS) -> dict[str, object]:
@@ -149,4 +154,6 @@ def answer_params(defaults: ModelDefaults, **overrides) -> AnswerParams:
         scoring=ScoringParams(scorer=d.scorer, llada_folds=d.llada_folds),
         sampling=SamplingParams(decoder=d.decoder, threshold=d.threshold, gen_length=d.gen_length,
                                 block_length=d.block_length, end_after_text=d.end_after_text),
-        read_chunks_alone=d.read_chunks_alone, abstain_answer=d.abstain_answer)
+        read_chunks_alone=d.read_chunks_alone, abstain_answer=d.abstain_answer,
+        # confirmation is a rule of the lone readings: turning them off turns it off
+        confirm_with_lone_reading=d.confirm_with_lone_reading and d.read_chunks_alone)

@@ -185,6 +185,10 @@ NOT_FOUND_ANSWER = "Not found: no answer was read in the chosen passages."
 # rather than claiming they do not say it.
 NOT_FOUND_WARNING = (f"{NOT_FOUND_ANSWER} The documents may not contain it, or may word it in a way the model does "
                      "not read: check the passages cited.")
+# Where no chosen passage read alone confirmed the answer read over them together
+# (AnswerParams.confirm_with_lone_reading): that answer was more likely made up than read.
+UNCONFIRMED_WARNING = ("Not found: the answer read over the chosen passages together was not given by any of "
+                       "them read alone, so it is not shown: check the passages cited.")
 UNGROUNDED_WARNING = ("Check this answer: none of the chosen passages contains it, so it may not come from "
                       "the documents.")
 
@@ -200,15 +204,17 @@ def may_yet_abstain(partial: str, abstain_answer: str | None) -> bool:
 
 
 def answer_warning(text: str, citations: list[Citation], best_score: float, weak_score: float | None,
-                   extractive: bool, abstain_answer: str | None) -> tuple[str, str | None]:
+                   extractive: bool, abstain_answer: str | None, unconfirmed: bool = False
+                   ) -> tuple[str, str | None]:
     """Pure: the answer as shown and the warning it carries, if any. The model's abstain answer
-    ("not found" for the bundled model, trained to say so) shows as no answer with a warning; an
+    ("not found" for the bundled model, trained to say so) shows as no answer with a warning, which
+    says why where it stands for an `unconfirmed` answer (engine AnswerTrace.unconfirmed); an
     answer none of the passages contains, from a model that copies its answers (`extractive`), is
     shown as the passages' span it was copying where one is close (`closest_span`: a garbled copy),
     else flagged; then a best score below `weak_score` warns that the documents may not hold the
     answer."""
     if abstain_answer and abstains(text, abstain_answer):
-        return "", NOT_FOUND_WARNING
+        return "", UNCONFIRMED_WARNING if unconfirmed else NOT_FOUND_WARNING
     if extractive:
         shown = grounded_answer(text, [Passage(c.document_id, c.char_start, c.char_end, c.text) for c in citations])
         if shown is None:
@@ -830,7 +836,7 @@ class DocQA:
         anchors = [anchor_rows[i] for i in order] if len(anchor_rows) == len(order) else anchor_rows
         best = max(tr.selected_scores, default=float("-inf"))
         answer, warning = answer_warning(res.text, citations, best, self.weak_score, self.defaults.extractive_answers,
-                                         self.defaults.abstain_answer)
+                                         self.defaults.abstain_answer, tr.unconfirmed is not None)
         timings = {"load_kv": load_s, **tr.timings}
         return AskResult(answer, citations, warning, conversation_id, scores, anchors, timings, tr.steps)
 

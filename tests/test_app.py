@@ -188,6 +188,10 @@ def test_each_chosen_passage_is_read_alone_before_the_answer_is_given(service):
     result = events[-1].result
     assert len(result.citations) > 1 and result.answer == "6150382" and covers(result.citations[0].pages, 5)
     assert "lone_readings" in result.timings
+    # Given only where a passage read alone confirms it: the needle's passage does.
+    confirming = service.params(score_margin=0, coverage_gain=0, confirm_with_lone_reading=True)
+    confirmed = service.answer(NEEDLE_Q, [info.record.id], params=confirming)
+    assert confirmed.answer == "6150382" and covers(confirmed.citations[0].pages, 5) and confirmed.warning is None
     # One passage chosen: nothing to read alone, so the steps are the answer's as they come.
     events = list(service.ask(NEEDLE_Q, [info.record.id], service.params(top_k=1)))
     assert not any(e.may_change for e in events) and not any(e.kind == "status" and e.partial for e in events)

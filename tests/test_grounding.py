@@ -102,7 +102,7 @@ def test_the_app_flags_an_answer_its_passages_do_not_hold():
     """What the answer shows (app.service.answer_warning): "not found" as no answer with a
     warning; a made-up value from a copying model flagged, the same from another model not; a
     weak best score warned of."""
-    from app.service import Citation, answer_warning
+    from app.service import UNCONFIRMED_WARNING, Citation, answer_warning
 
     passage = "Tickets for the Hesk regatta cost 8,320 euros. The Ulla night takes place in Bergen."
     citations = [Citation("d1", "report.pdf", 3, "12", -0.4, passage, char_start=0, char_end=len(passage))]
@@ -117,6 +117,9 @@ def test_the_app_flags_an_answer_its_passages_do_not_hold():
     assert answer_warning("the Hesk regata", citations, -0.4, -1.5, False, "not found") == ("the Hesk regata", None)
     shown, warning = answer_warning("Not found.", citations, -0.4, -1.5, True, "not found")
     assert shown == "" and warning.startswith("Not found")
+    # An answer no chosen passage read alone confirmed: not found, and the warning says why.
+    assert answer_warning("not found", citations, -0.4, -1.5, True, "not found", unconfirmed=True) == \
+        ("", UNCONFIRMED_WARNING) != ("", warning)
     # A model with no abstain answer: "not found" is an answer like any other (here, not in the passage).
     shown, warning = answer_warning("Not found.", citations, -0.4, -1.5, True, None)
     assert shown == "Not found." and "none of the chosen passages" in warning

@@ -12,7 +12,14 @@ from engine.decode.loop import DecodeStep
 from engine.decode.static import StaticBatch, StaticDecoder
 from engine.method.answer import prepare_answer
 from engine.method.kv_cache import take_chunks
-from engine.method.reading import abstains, choose_lone_reading, lone_readings_settled
+from engine.method.reading import (
+    abstains,
+    choose_lone_reading,
+    confirmation_settled,
+    confirmed,
+    confirms,
+    lone_readings_settled,
+)
 from engine.scheduler import AnswerScheduler
 from tests.tiny_inputs import asked_together, doc_ids
 
@@ -41,6 +48,35 @@ def test_two_answering_lone_readings_settle_the_choice():
     assert not lone_readings_settled(["not found", "59"], "not found")
     assert lone_readings_settled(["59", "not found", "60"], "not found")
     assert choose_lone_reading("59", ["59", "not found", "60", "not found"], "not found") is None
+
+
+@pytest.mark.parametrize(("joint", "lone", "agree"), [
+    ("9364", "9364", True),
+    ("9364.", " 9364", True),  # punctuation and spacing are not words
+    ("Owen Rossi, Jonas Abara", "Owen Rossi", True),  # one value of a list gathered from two chunks
+    ("Ada", "Ada Lovelace", True),  # a name the joint reading cut short
+    ("10", "1", False),  # word by word: "1" is not a part of "10"
+    ("6940", "9364", False),  # the joint reading took a neighbour's value
+    ("not found", "not found", False),  # two refusals confirm no answer
+    ("9364", "not found", False),
+    ("", "", False),
+])
+def test_a_lone_reading_confirms_the_joint_answer_where_their_words_agree(joint, lone, agree):
+    assert confirms(joint, lone, "not found") is agree
+
+
+def test_the_joint_answer_is_confirmed_by_any_lone_reading_and_settled_by_the_first():
+    assert confirmed("59", ["not found", "60", "59"], "not found")
+    assert not confirmed("59", ["not found", "60"], "not found") and not confirmed("59", [], "not found")
+    assert not confirmation_settled("59", ["not found", "60"], "not found")  # a third chunk may confirm it
+    assert confirmation_settled("59", ["59"], "not found")
+    assert confirmation_settled("not found", [], "not found")  # nothing can confirm a refusal: none is read
+
+
+def test_confirming_needs_the_lone_readings():
+    with pytest.raises(ValueError, match="confirm_with_lone_reading needs read_chunks_alone"):
+        AnswerParams(confirm_with_lone_reading=True, abstain_answer="not found")
+    AnswerParams(read_chunks_alone=True, confirm_with_lone_reading=True, abstain_answer="not found")
 
 
 def test_reading_alone_needs_the_abstain_answer():
@@ -84,6 +120,37 @@ def test_reading_stops_once_two_chunks_answer_alone(engines):
     result = engine.answer(doc, question, params)
     assert len(result.trace.selected) == 3 and len(result.trace.lone_answers) == 2
     assert result.trace.answered_from is None
+
+
+def test_an_answer_no_chunk_alone_confirms_is_the_abstain_answer(engines):
+    """With confirm_with_lone_reading, three chunks chosen: the random LLaDA's joint answer shares no
+    words with any chunk read alone (this seed), so every chunk is read (none settles it) and the
+    abstain answer is given, the joint answer kept in the trace; a joint answer that abstains reads
+    no chunk alone."""
+    engine = engines["llada"]
+    doc, question, params = _ask(engine, top_k=3)
+    plain = engine.answer(doc, question, params)
+    confirming = dataclasses.replace(params, confirm_with_lone_reading=True)
+    result = engine.answer(doc, question, confirming)
+    assert len(result.trace.lone_answers) == 3 and not confirmed(plain.text, result.trace.lone_answers, "(none)")
+    assert result.text == "(none)" and result.trace.unconfirmed == plain.text and result.trace.answered_from is None
+    assert engine.tokenizer.decode(result.answer_ids) == "(none)"
+    refusing = engine.answer(doc, question, dataclasses.replace(confirming, abstain_answer=plain.text))
+    assert refusing.text == plain.text and refusing.trace.lone_answers == [] and refusing.trace.unconfirmed is None
+
+
+def test_the_first_chunk_alone_that_confirms_the_answer_ends_the_lone_readings(engines):
+    """The random Dream's first chunk read alone gives the joint answer's words and more (this seed):
+    it confirms it, the other two chunks are not read, and it is the answer (the one lone reading
+    that answers, as without confirmation)."""
+    engine = engines["dream"]
+    doc, question, params = _ask(engine, top_k=3)
+    plain = engine.answer(doc, question, params)
+    result = engine.answer(doc, question, dataclasses.replace(params, confirm_with_lone_reading=True))
+    assert len(plain.trace.lone_answers) == 2 and plain.trace.answered_from is None  # two answered: the joint stands
+    assert result.trace.lone_answers == plain.trace.lone_answers[:1] and result.trace.unconfirmed is None
+    assert confirms(plain.text, result.trace.lone_answers[0], "(none)") and result.trace.answered_from == 0
+    assert result.text == plain.trace.lone_answers[0]
 
 
 def test_lone_readings_hold_a_copy_of_their_chunks_not_the_documents(engines):
@@ -138,26 +205,30 @@ def test_a_failed_lone_reading_leaves_the_joint_answer_unchecked(engines, monkey
 
 
 def test_scheduled_questions_read_their_chunks_alone_as_each_asked_alone(engines):
-    """Three questions over two documents in one batch, one answered from its second chunk alone
+    """Four questions over two documents in one batch, one answered from its second chunk alone
     (its abstain answer is its first chunk's lone reading), one with a longer answer, so that lone
-    readings' rows share steps with another question's joint rows: each as when asked alone."""
+    readings' rows share steps with another question's joint rows, one whose answer no chunk alone
+    confirms (confirm_with_lone_reading): each as when asked alone."""
     engine = engines["llada"]
     doc, question, params = _ask(engine)
     other = engine.prefill(doc_ids(91, 260, seed=12), chunk_size=16)
     plain = engine.answer(doc, question, params)
     from_second = dataclasses.replace(params, abstain_answer=plain.trace.lone_answers[0])
     longer = dataclasses.replace(params, sampling=dataclasses.replace(params.sampling, gen_length=24))
-    asks = [(doc, question, from_second), (other, "Which pier is it?", params), (other, "And the date?", longer)]
+    confirming = dataclasses.replace(params, confirm_with_lone_reading=True)
+    asks = [(doc, question, from_second), (other, "Which pier is it?", params), (other, "And the date?", longer),
+            (doc, question, confirming)]
     expected = [engine.answer(d, q, p) for d, q, p in asks]
-    assert expected[0].trace.answered_from == 1
+    assert expected[0].trace.answered_from == 1 and expected[3].trace.unconfirmed == plain.text
     events, scheduler = asked_together(engine, asks, max_batch=4)
-    assert max(scheduler.batch_sizes) == 3
+    assert max(scheduler.batch_sizes) == 4
     for got, want in zip(events, expected, strict=True):
         assert sum(isinstance(e, JointAnswer) for e in got) == sum(isinstance(e, ReadsAlone) for e in got) == 1
         result = got[-1]
         assert result.text == want.text and result.answer_ids == want.answer_ids
         assert result.trace.lone_answers == want.trace.lone_answers
         assert result.trace.answered_from == want.trace.answered_from
+        assert result.trace.unconfirmed == want.trace.unconfirmed
 
 
 @pytest.mark.gpu

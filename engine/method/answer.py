@@ -55,7 +55,13 @@ from engine.method.chunk_scorer import (
 )
 from engine.method.kv_cache import POSITION_MODES, DocumentKV, chunk_deltas, gather_kept_tokens, take_chunks
 from engine.method.prompting import DEFAULT_INSTRUCTION, QuestionPrompt, build_question_prompt
-from engine.method.reading import choose_lone_reading, lone_readings_settled
+from engine.method.reading import (
+    abstains,
+    choose_lone_reading,
+    confirmation_settled,
+    confirmed,
+    lone_readings_settled,
+)
 from engine.method.scoring import (
     LIKELIHOOD_SCORERS,
     auto_top_k,
@@ -113,6 +119,10 @@ class AnswerParams:
     # lack the fact ("not found" for the bundled model).
     read_chunks_alone: bool = False
     abstain_answer: str | None = None
+    # With read_chunks_alone: give the joint answer only where a chunk read alone confirms it
+    # (engine.method.reading.confirmed), else the abstain answer; the lone readings then stop at the
+    # first that confirms. For a reader that makes up answers where its passages lack the fact.
+    confirm_with_lone_reading: bool = False
 
     def __post_init__(self) -> None:
         if self.kv_mode not in KV_MODES:
@@ -140,6 +150,8 @@ class AnswerParams:
         if self.read_chunks_alone and not self.abstain_answer:
             raise ValueError("read_chunks_alone needs the model's abstain_answer (what it says when a passage "
                              "lacks the fact)")
+        if self.confirm_with_lone_reading and not self.read_chunks_alone:
+            raise ValueError("confirm_with_lone_reading needs read_chunks_alone (the readings that confirm)")
 
     @property
     def reads_chunks_alone(self) -> bool:
@@ -181,6 +193,9 @@ class AnswerTrace:
     lone_answers: list[str] = field(default_factory=list)
     answered_from: int | None = None
     lone_failed: bool = False  # the lone readings failed (an error, logged): the joint answer stands unchecked
+    # With AnswerParams.confirm_with_lone_reading: the joint answer that no lone reading confirmed,
+    # given as the abstain answer instead (None: confirmed, abstained, or not checked).
+    unconfirmed: str | None = None
 
 
 @dataclass
@@ -413,14 +428,20 @@ class LoneReadings:
         return cls([take_chunks(documents[r.document], [r.chunk]) for r in chosen.refs], chosen.prompt,
                    chosen.rows, dataclasses.replace(params, static_layout="contiguous", reselect_every=0))
 
-    def read(self, runner: Runner, tokenizer, trace: AnswerTrace
+    def settled(self, joint: str, alone: list[str]) -> bool:
+        """Whether the readings so far decide what is answered (the rest need not be read)."""
+        if self.params.confirm_with_lone_reading:
+            return confirmation_settled(joint, alone, self.params.abstain_answer)
+        return lone_readings_settled(alone, self.params.abstain_answer)
+
+    def read(self, runner: Runner, tokenizer, trace: AnswerTrace, joint: str
              ) -> Generator[LogitsRequest | BlockDone, torch.Tensor | DecidedStep | BlockRefreshed | None,
                             list[tuple[str, list[int]]]]:
         """Decodes the chunks alone in selected order, yielding each step's LogitsRequest and each
-        BlockDone (the caller answers them, alone or batched), until the readings settle the choice
-        (`lone_readings_settled`); returns the readings, (text, ids) each."""
+        BlockDone (the caller answers them, alone or batched), until the readings settle what is
+        answered given the `joint` answer (`settled`); returns the readings, (text, ids) each."""
         readings: list[tuple[str, list[int]]] = []
-        while self.chunks and not lone_readings_settled([text for text, _ in readings], self.params.abstain_answer):
+        while self.chunks and not self.settled(joint, [text for text, _ in readings]):
             chunk = self.chunks.pop(0)
             scratch = dataclasses.replace(trace, reselections=[])  # answer_decoder fills its kept tokens
             decoder = answer_decoder(runner, [chunk], self.prompt, self.rows, [ChunkRef(0, 0)], self.params, scratch)
@@ -483,7 +504,7 @@ class PreparedAnswer:
         joint_trace = dataclasses.replace(self.trace, timings=dict(self.trace.timings))  # the asker reads it
         yield JointAnswer(dataclasses.replace(result, trace=joint_trace))
         try:
-            readings = yield from lone.read(runner, tokenizer, self.trace)
+            readings = yield from lone.read(runner, tokenizer, self.trace, text)
         except Exception as exc:  # noqa: BLE001 - a check that failed leaves the answer it checked
             logger.warning("reading the chosen chunks alone failed; the answer over all of them stands",
                            exc_info=True)
@@ -494,7 +515,13 @@ class PreparedAnswer:
         finally:
             self.clock.lap("lone_readings", t)
         self.trace.lone_answers = [lone_text for lone_text, _ in readings]
-        self.trace.answered_from = choose_lone_reading(text, self.trace.lone_answers, lone.params.abstain_answer)
+        abstain = lone.params.abstain_answer
+        if lone.params.confirm_with_lone_reading and not confirmed(text, self.trace.lone_answers, abstain):
+            if not abstains(text, abstain):
+                self.trace.unconfirmed = text
+            result.text, result.answer_ids = abstain, tokenizer(abstain, add_special_tokens=False)["input_ids"]
+            return result
+        self.trace.answered_from = choose_lone_reading(text, self.trace.lone_answers, abstain)
         if self.trace.answered_from is not None:
             result.text, result.answer_ids = readings[self.trace.answered_from]
         return result

@@ -4,7 +4,8 @@ A small extractive reader (the bundled model) reads one passage better than seve
 over K chunks it may copy another subject's value from a neighbouring chunk, or say it cannot find
 a fact that one of them states. So, as open-domain QA readers do (each retrieved passage read on its
 own, the answers compared), the answer decoded over all selected chunks together (the joint
-reading) is checked against each chunk read alone (`AnswerParams.read_chunks_alone`). Pure: the
+reading) is checked against each chunk read alone (`AnswerParams.read_chunks_alone`), and with
+`AnswerParams.confirm_with_lone_reading` given only where one of those confirms it. Pure: the
 readings are texts.
 """
 
@@ -38,6 +39,30 @@ def lone_readings_settled(alone: list[str], abstain_answer: str) -> bool:
     """Whether the lone readings so far already decide `choose_lone_reading` whatever the rest say:
     two of them answer, so the joint reading stands (the remaining chunks need not be read)."""
     return sum(not abstains(text, abstain_answer) for text in alone) >= 2
+
+
+def confirms(joint: str, lone: str, abstain_answer: str) -> bool:
+    """Whether a chunk read alone gives the joint reading's answer: both answer, and the words of
+    one are those of the other or a run of them (one value of a list the joint reading gathered from
+    several chunks; a name that one reading cut short)."""
+    if abstains(joint, abstain_answer) or abstains(lone, abstain_answer):
+        return False
+    a, b = _words(joint), _words(lone)
+    return a == b or _part_of(a, b) or _part_of(b, a)
+
+
+def confirmed(joint: str, alone: list[str], abstain_answer: str) -> bool:
+    """Whether some chunk read alone confirms the joint answer (`confirms`). Two readings that agree
+    are evidence a single reading is not: a small reader that makes up an answer over K chunks
+    (another subject's value, a span near the question's words) rarely makes up the same one over
+    each chunk alone. An abstaining joint answer is never confirmed."""
+    return any(confirms(joint, text, abstain_answer) for text in alone)
+
+
+def confirmation_settled(joint: str, alone: list[str], abstain_answer: str) -> bool:
+    """Whether the lone readings so far already decide `confirmed`: the joint reading abstains (no
+    reading can confirm it) or one of them confirms it (the remaining chunks need not be read)."""
+    return abstains(joint, abstain_answer) or confirmed(joint, alone, abstain_answer)
 
 
 def choose_lone_reading(joint: str, alone: list[str], abstain_answer: str) -> int | None:

@@ -54,6 +54,10 @@ def test_two_answering_lone_readings_settle_the_choice():
     ("9364", "9364", True),
     ("9364.", " 9364", True),  # punctuation and spacing are not words
     ("Owen Rossi, Jonas Abara", "Owen Rossi", True),  # one value of a list gathered from two chunks
+    ("6773976, 9184285, 6400223", "9184285, 6773976", True),  # a chunk's two values in its own order
+    ("7, 8 and 9", "9; 4", True),
+    ("1,840 euros", "1,500 euros", False),  # a comma inside a number is not a list
+    ("7, 8", "9, 4", False),
     ("Ada", "Ada Lovelace", True),  # a name the joint reading cut short
     ("10", "1", False),  # word by word: "1" is not a part of "10"
     ("6940", "9364", False),  # the joint reading took a neighbour's value

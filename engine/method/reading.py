@@ -29,6 +29,12 @@ def abstains(text: str, abstain_answer: str) -> bool:
     return not _normalized(text) or _normalized(text) == _normalized(abstain_answer)
 
 
+def _items(text: str) -> set[tuple[str, ...]]:
+    """A list answer's values, each as its words ("7, 8 and 9" -> {("7",), ("8",), ("9",)}); a
+    comma inside a number ("1,840") does not split it."""
+    return {tuple(_words(item)) for item in re.split(r",\s+|;\s*|\s+and\s+", text) if _words(item)}
+
+
 def _part_of(part: list[str], whole: list[str]) -> bool:
     """Whether `part` is a run of consecutive words of `whole`, shorter than it."""
     n = len(part)
@@ -43,12 +49,13 @@ def lone_readings_settled(alone: list[str], abstain_answer: str) -> bool:
 
 def confirms(joint: str, lone: str, abstain_answer: str) -> bool:
     """Whether a chunk read alone gives the joint reading's answer: both answer, and the words of
-    one are those of the other or a run of them (one value of a list the joint reading gathered from
-    several chunks; a name that one reading cut short)."""
+    one are those of the other or a run of them (a name that one reading cut short), or the two
+    share a value where either is a list (the joint reading gathers a key's values from several
+    chunks, in another order than one chunk alone gives its own)."""
     if abstains(joint, abstain_answer) or abstains(lone, abstain_answer):
         return False
     a, b = _words(joint), _words(lone)
-    return a == b or _part_of(a, b) or _part_of(b, a)
+    return a == b or _part_of(a, b) or _part_of(b, a) or bool(_items(joint) & _items(lone))
 
 
 def confirmed(joint: str, alone: list[str], abstain_answer: str) -> bool:

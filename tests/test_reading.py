@@ -18,6 +18,7 @@ from engine.method.reading import (
     confirmation_settled,
     confirmed,
     confirms,
+    first_confirming,
     lone_readings_settled,
 )
 from engine.scheduler import AnswerScheduler
@@ -71,6 +72,7 @@ def test_a_lone_reading_confirms_the_joint_answer_where_their_words_agree(joint,
 
 def test_the_joint_answer_is_confirmed_by_any_lone_reading_and_settled_by_the_first():
     assert confirmed("59", ["not found", "60", "59"], "not found")
+    assert first_confirming("1, 2", ["not found", "2", "1, 2"], "not found") == 1
     assert not confirmed("59", ["not found", "60"], "not found") and not confirmed("59", [], "not found")
     assert not confirmation_settled("59", ["not found", "60"], "not found")  # a third chunk may confirm it
     assert confirmation_settled("59", ["59"], "not found")
@@ -145,8 +147,8 @@ def test_an_answer_no_chunk_alone_confirms_is_the_abstain_answer(engines):
 
 def test_the_first_chunk_alone_that_confirms_the_answer_ends_the_lone_readings(engines):
     """The random Dream's first chunk read alone gives the joint answer's words and more (this seed):
-    it confirms it, the other two chunks are not read, and it is the answer (the one lone reading
-    that answers, as without confirmation)."""
+    it confirms it, the other two chunks are not read, and the joint answer is given, cited from
+    that chunk."""
     engine = engines["dream"]
     doc, question, params = _ask(engine, top_k=3)
     plain = engine.answer(doc, question, params)
@@ -154,7 +156,7 @@ def test_the_first_chunk_alone_that_confirms_the_answer_ends_the_lone_readings(e
     assert len(plain.trace.lone_answers) == 2 and plain.trace.answered_from is None  # two answered: the joint stands
     assert result.trace.lone_answers == plain.trace.lone_answers[:1] and result.trace.unconfirmed is None
     assert confirms(plain.text, result.trace.lone_answers[0], "(none)") and result.trace.answered_from == 0
-    assert result.text == plain.trace.lone_answers[0]
+    assert (result.text, result.answer_ids) == (plain.text, plain.answer_ids)
 
 
 def test_lone_readings_hold_a_copy_of_their_chunks_not_the_documents(engines):

@@ -59,7 +59,7 @@ from engine.method.reading import (
     abstains,
     choose_lone_reading,
     confirmation_settled,
-    confirmed,
+    first_confirming,
     lone_readings_settled,
 )
 from engine.method.scoring import (
@@ -188,8 +188,9 @@ class AnswerTrace:
     selected_fused_scores: list[float] = field(default_factory=list)
     static_layout: str = "contiguous"  # how static decoding read its context (see AnswerParams)
     # With AnswerParams.reads_chunks_alone: the selected chunks' answers read alone, in selected
-    # order, up to the second that does not abstain (the rest cannot change the choice); and the
-    # index of the one answered with, or None where the joint reading stands.
+    # order, up to the second that does not abstain (the rest cannot change the choice), or with
+    # confirm_with_lone_reading up to the first that confirms the joint answer; and the index of
+    # the one answered with (that confirmed it), or None where the joint reading stands.
     lone_answers: list[str] = field(default_factory=list)
     answered_from: int | None = None
     lone_failed: bool = False  # the lone readings failed (an error, logged): the joint answer stands unchecked
@@ -516,10 +517,14 @@ class PreparedAnswer:
             self.clock.lap("lone_readings", t)
         self.trace.lone_answers = [lone_text for lone_text, _ in readings]
         abstain = lone.params.abstain_answer
-        if lone.params.confirm_with_lone_reading and not confirmed(text, self.trace.lone_answers, abstain):
-            if not abstains(text, abstain):
-                self.trace.unconfirmed = text
-            result.text, result.answer_ids = abstain, tokenizer(abstain, add_special_tokens=False)["input_ids"]
+        if lone.params.confirm_with_lone_reading:
+            # A confirmed answer is the joint one (a lone reading may hold only some of a list's
+            # values), cited from the chunk that confirmed it; an unconfirmed one is not given.
+            self.trace.answered_from = first_confirming(text, self.trace.lone_answers, abstain)
+            if self.trace.answered_from is None:
+                if not abstains(text, abstain):
+                    self.trace.unconfirmed = text
+                result.text, result.answer_ids = abstain, tokenizer(abstain, add_special_tokens=False)["input_ids"]
             return result
         self.trace.answered_from = choose_lone_reading(text, self.trace.lone_answers, abstain)
         if self.trace.answered_from is not None:

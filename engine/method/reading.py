@@ -58,12 +58,17 @@ def confirms(joint: str, lone: str, abstain_answer: str) -> bool:
     return a == b or _part_of(a, b) or _part_of(b, a) or bool(_items(joint) & _items(lone))
 
 
+def first_confirming(joint: str, alone: list[str], abstain_answer: str) -> int | None:
+    """The first chunk read alone that confirms the joint answer (`confirms`), or None. Two readings
+    that agree are evidence a single reading is not: a small reader that makes up an answer over K
+    chunks (another subject's value, a span near the question's words) rarely makes up the same one
+    over each chunk alone. An abstaining joint answer is never confirmed."""
+    return next((i for i, text in enumerate(alone) if confirms(joint, text, abstain_answer)), None)
+
+
 def confirmed(joint: str, alone: list[str], abstain_answer: str) -> bool:
-    """Whether some chunk read alone confirms the joint answer (`confirms`). Two readings that agree
-    are evidence a single reading is not: a small reader that makes up an answer over K chunks
-    (another subject's value, a span near the question's words) rarely makes up the same one over
-    each chunk alone. An abstaining joint answer is never confirmed."""
-    return any(confirms(joint, text, abstain_answer) for text in alone)
+    """Whether some chunk read alone confirms the joint answer (`first_confirming`)."""
+    return first_confirming(joint, alone, abstain_answer) is not None
 
 
 def confirmation_settled(joint: str, alone: list[str], abstain_answer: str) -> bool:

@@ -187,8 +187,8 @@ NOT_FOUND_WARNING = (f"{NOT_FOUND_ANSWER} The documents may not contain it, or m
                      "not read: check the passages cited.")
 # Where no chosen passage read alone confirmed the answer read over them together
 # (AnswerParams.confirm_with_lone_reading): that answer was more likely made up than read.
-UNCONFIRMED_WARNING = ("Not found: the answer read over the chosen passages together was not given by any of "
-                       "them read alone, so it is not shown: check the passages cited.")
+UNCONFIRMED_WARNING = ("Not found: the answer read over the chosen passages together was not confirmed by "
+                       "reading them one by one, so it is not shown: check the passages cited.")
 UNGROUNDED_WARNING = ("Check this answer: none of the chosen passages contains it, so it may not come from "
                       "the documents.")
 
@@ -729,10 +729,13 @@ class DocQA:
                 else:
                     final = event
         except QuestionStopped:
-            # Past the budget while the passages are read alone: the joint answer is an answer.
+            # Past the budget while the passages are read alone: the joint answer is an answer,
+            # unless it had to be confirmed by them (then it is not found, saying why).
             if joint is None or (cancel is not None and cancel.is_set()):
                 raise
             logger.warning("reading the chosen passages alone ran past the time budget; answering without it")
+            if params.confirm_with_lone_reading and not abstains(joint.text, params.abstain_answer):
+                joint = replace(joint, text=params.abstain_answer, trace=replace(joint.trace, unconfirmed=joint.text))
         except SchedulerStopped as exc:
             raise QuestionStopped(str(exc)) from None
         finally:  # stopped listening, cancelled or past the budget: the scheduler drops it at its next step

@@ -17,6 +17,7 @@ from engine.method.reading import (
     choose_lone_reading,
     confirmation_settled,
     confirmed,
+    confirmed_answer,
     confirms,
     first_confirming,
     lone_readings_settled,
@@ -68,6 +69,12 @@ def test_two_answering_lone_readings_settle_the_choice():
 ])
 def test_a_lone_reading_confirms_the_joint_answer_where_their_words_agree(joint, lone, agree):
     assert confirms(joint, lone, "not found") is agree
+
+
+def test_a_confirmed_answer_is_the_joint_one_unless_the_lone_reading_gives_it_in_full():
+    assert confirmed_answer("glass house", "the glass house") == "the glass house"
+    assert confirmed_answer("7, 8, 9", "8") == "7, 8, 9" and confirmed_answer("9364", "9364.") == "9364"
+    assert confirmed_answer("7, 8, 9", "9, 7") == "7, 8, 9"
 
 
 def test_the_joint_answer_is_confirmed_by_any_lone_reading_and_settled_by_the_first():
@@ -147,7 +154,7 @@ def test_an_answer_no_chunk_alone_confirms_is_the_abstain_answer(engines):
 
 def test_the_first_chunk_alone_that_confirms_the_answer_ends_the_lone_readings(engines):
     """The random Dream's first chunk read alone gives the joint answer's words and more (this seed):
-    it confirms it, the other two chunks are not read, and the joint answer is given, cited from
+    it confirms it, the other two chunks are not read, and its fuller reading is given, cited from
     that chunk."""
     engine = engines["dream"]
     doc, question, params = _ask(engine, top_k=3)
@@ -156,7 +163,10 @@ def test_the_first_chunk_alone_that_confirms_the_answer_ends_the_lone_readings(e
     assert len(plain.trace.lone_answers) == 2 and plain.trace.answered_from is None  # two answered: the joint stands
     assert result.trace.lone_answers == plain.trace.lone_answers[:1] and result.trace.unconfirmed is None
     assert confirms(plain.text, result.trace.lone_answers[0], "(none)") and result.trace.answered_from == 0
-    assert (result.text, result.answer_ids) == (plain.text, plain.answer_ids)
+    lone = engine.answer(take_chunks(doc, [result.trace.selected[0].chunk]), question,
+                         dataclasses.replace(params, top_k=1, read_chunks_alone=False))
+    assert result.text == confirmed_answer(plain.text, lone.text) == lone.text != plain.text
+    assert result.answer_ids == lone.answer_ids
 
 
 def test_lone_readings_hold_a_copy_of_their_chunks_not_the_documents(engines):

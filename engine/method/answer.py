@@ -59,6 +59,7 @@ from engine.method.reading import (
     abstains,
     choose_lone_reading,
     confirmation_settled,
+    confirmed_answer,
     first_confirming,
     lone_readings_settled,
 )
@@ -518,13 +519,15 @@ class PreparedAnswer:
         self.trace.lone_answers = [lone_text for lone_text, _ in readings]
         abstain = lone.params.abstain_answer
         if lone.params.confirm_with_lone_reading:
-            # A confirmed answer is the joint one (a lone reading may hold only some of a list's
-            # values), cited from the chunk that confirmed it; an unconfirmed one is not given.
+            # A confirmed answer is cited from the chunk that confirmed it; an unconfirmed one is
+            # not given.
             self.trace.answered_from = first_confirming(text, self.trace.lone_answers, abstain)
             if self.trace.answered_from is None:
                 if not abstains(text, abstain):
                     self.trace.unconfirmed = text
                 result.text, result.answer_ids = abstain, tokenizer(abstain, add_special_tokens=False)["input_ids"]
+            elif confirmed_answer(text, readings[self.trace.answered_from][0]) != text:
+                result.text, result.answer_ids = readings[self.trace.answered_from]
             return result
         self.trace.answered_from = choose_lone_reading(text, self.trace.lone_answers, abstain)
         if self.trace.answered_from is not None:

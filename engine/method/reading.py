@@ -66,6 +66,13 @@ def first_confirming(joint: str, alone: list[str], abstain_answer: str) -> int |
     return next((i for i, text in enumerate(alone) if confirms(joint, text, abstain_answer)), None)
 
 
+def confirmed_answer(joint: str, lone: str) -> str:
+    """The answer given where `lone` confirms `joint`: the joint one (a chunk alone may hold only
+    some of a list's values), unless the lone reading holds all its words and more (the joint
+    reading cut a name or a value short: "glass house" for "the glass house")."""
+    return lone if _part_of(_words(joint), _words(lone)) else joint
+
+
 def confirmed(joint: str, alone: list[str], abstain_answer: str) -> bool:
     """Whether some chunk read alone confirms the joint answer (`first_confirming`)."""
     return first_confirming(joint, alone, abstain_answer) is not None

@@ -198,6 +198,43 @@ def test_each_chosen_passage_is_read_alone_before_the_answer_is_given(service):
     assert events[-1].result.answer == "6150382" and len(events[-1].result.citations) == 1
 
 
+def test_an_answer_past_the_budget_while_it_is_confirmed_is_not_found(service, monkeypatch):
+    """The time budget runs out while the chosen passages are read alone to confirm the answer: the
+    unconfirmed answer is not given; "not found" is, saying why (without confirmation the answer
+    over all of them would be)."""
+    import time
+
+    from app.service import UNCONFIRMED_WARNING, QuestionStopped
+    from engine.method.answer import LoneReadings
+
+    info, _ = service.ingest(small_pdf(pages=6, needle_page=5), "six.pdf")
+    params = service.params(score_margin=0, coverage_gain=0, confirm_with_lone_reading=True)
+    spent = threading.Event()
+    stopper, read = service._stopper, LoneReadings.read
+
+    def budget_spent_once_reading_alone(cancel):
+        stop = stopper(cancel)
+
+        def check(budget: bool = True) -> None:
+            if budget and spent.is_set():
+                raise QuestionStopped("the answer took longer than its budget")
+            stop(budget)
+        return check
+
+    def slow_read(self, *args):
+        time.sleep(1.0)  # the asker, told the joint answer is read, checks its budget every 0.25 s
+        return (yield from read(self, *args))
+
+    monkeypatch.setattr(service, "_stopper", budget_spent_once_reading_alone)
+    monkeypatch.setattr(LoneReadings, "read", slow_read)
+    result = None
+    for event in service.ask(f"{NEEDLE_Q} (past the budget)", [info.record.id], params):
+        if event.kind == "status" and event.partial:  # the joint answer is settled: its passages are read alone
+            spent.set()
+        result = event.result if event.kind == "done" else result
+    assert spent.is_set() and result.answer == "" and result.warning == UNCONFIRMED_WARNING
+
+
 def test_chunks_keep_a_needle_whole(service):
     """The app cuts chunks at sentence starts: a needle that a fixed 127-token cut would split
     (its key in one chunk, its value in the next, so no chunk answers) stays in one chunk, and

@@ -11,6 +11,7 @@ import torch
 from tokenizers import Tokenizer
 
 from app.defaults import BUNDLED_MODEL
+from engine.method.reading import abstains
 from tools import reading_probe as rp
 from tools.pdf_questions import SOURCES, holds_answer
 from training.tasks import TaskSampler
@@ -66,10 +67,20 @@ def test_the_committed_items_are_valid_fit_a_chunk_and_keep_to_their_split():
     ({"source": "written-pyton/json"}, "is no '<collection>/<document>'"),  # a misspelt one is not trained on
     ({"kind": "date"}, "none of number"),
     ({"context": "word " * 71 + "8080"}, "more than 70"),
+    ({"unanswered": "which protocol?"}, "unanswered is a list of strings"),
+    ({"unanswered": [3]}, "unanswered is a list of strings"),
+    ({"unanswered": ["which port does it listen on out of the box?"]}, "both answered and unanswered"),
 ])
 def test_an_item_a_task_cannot_ask_is_refused_clearly(change, message):
     with pytest.raises(ValueError, match=message):
         parse_written_question(_line(**change))
+
+
+def test_unanswered_questions_are_read_and_optional():
+    item = parse_written_question(_line(unanswered=[" which protocol does it speak? ", "", "max clients"]))
+    assert item.unanswered == ("which protocol does it speak?", "max clients")
+    assert parse_written_question(_line()).unanswered == ()
+    assert training_items([item])[0]["unanswered"] == ["which protocol does it speak?", "max clients"]
 
 
 def test_a_bad_line_is_named_by_its_number(tmp_path):
@@ -160,6 +171,37 @@ def test_written_near_misses_show_another_passage_of_the_same_document():
                     64, seed=0, task_weights={"written_qa": 1}, written_not_found_share=1.5)
 
 
+def test_unanswered_written_questions_are_asked_over_their_whole_passage():
+    """With `written_unanswered_share` 1, an item with unanswered questions is always asked one of
+    them over its own passage, shown whole in one chunk, and the answer is "not found"; an item
+    without any is asked as before (its wordings, answered where its passage is shown)."""
+    with_unanswered = WrittenQuestion("written-b/tool", "Tool waits 30 seconds before it retries.", "30 seconds",
+                                      ("how long between retries?",), "number",
+                                      ("how many retries before it gives up?", "which log file records retries?"))
+    without = WrittenQuestion("written-a/other", "Other keeps 12 log files.", "12 log files",
+                              ("how many logs are kept?",), "number")
+    layout = make_layout(BUNDLED_MODEL, model_config(TOK))
+    sampler = TaskSampler(_text_corpus(training_items([with_unanswered, without])), lambda s: TOK.encode(s).ids,
+                          TOK.decode, layout, CHUNK, 64, seed=5, task_weights={"written_qa": 1},
+                          written_not_found_share=0.0, written_unanswered_share=1.0)
+    asked = {"unanswered": 0, "other": 0}
+    for _ in range(100):
+        ex = sampler.sample(3, scoring_share=0.0)
+        question = TOK.decode(ex.question_ids)
+        answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+        shown = [TOK.decode(c) for c in ex.chunks]
+        if question in with_unanswered.unanswered:
+            asked["unanswered"] += 1
+            assert answer == "not found" and sum(with_unanswered.context in c for c in shown) == 1
+        else:
+            asked["other"] += 1
+            assert question in without.questions and answer == without.answer
+    assert asked["unanswered"] > 30 and asked["other"] > 30
+    with pytest.raises(ValueError, match="written_unanswered_share"):
+        TaskSampler(_text_corpus(training_items([without])), lambda s: TOK.encode(s).ids, TOK.decode, layout,
+                    CHUNK, 64, seed=0, task_weights={"written_qa": 1}, written_unanswered_share=-0.1)
+
+
 def test_the_written_probe_asks_every_held_out_wording_and_a_sample_of_the_trained():
     held = WrittenQuestion(f"{HELD_OUT_GROUPS[0]}/lib", "The limit is 5 retries.", "5 retries",
                            ("how many times does it retry", "max retries?"), "number")
@@ -170,6 +212,16 @@ def test_the_written_probe_asks_every_held_out_wording_and_a_sample_of_the_train
                                                           (HELD_OUT_GROUPS[0], "max retries?")]
     assert len(asked) == 4 and all(q.kind == "written" and q.answer in q.passage for q in asked)
     assert {q.question for q in asked[2:]} <= {f"flag {i}?" for i in range(6)}
+    # Unanswered questions: all of a held-out item's, a sampled trained item's first, each with no answer.
+    held = WrittenQuestion(held.source, held.context, held.answer, held.questions, held.kind,
+                           ("which backoff does it use?", "who wrote it?"))
+    seen = [WrittenQuestion(q.source, q.context, q.answer, q.questions, q.kind, (f"long form of {i}?", "x?"))
+            for i, q in enumerate(seen)]
+    asked = rp.written_probe_questions([held, *seen], 2, random.Random(0))
+    unanswered = [q for q in asked if q.kind == rp.WRITTEN_UNANSWERED_KIND]
+    assert [q.question for q in unanswered[:2]] == ["which backoff does it use?", "who wrote it?"]
+    assert len(unanswered) == 4 and all(q.answer == "" for q in unanswered)
+    assert {q.question for q in unanswered[2:]} <= {f"long form of {i}?" for i in range(6)}
 
 
 @pytest.mark.slow
@@ -177,15 +229,19 @@ def test_the_written_probe_reads_through_the_app(tmp_path):
     """The bundled model reads a held-out item and a trained one over their passages alone; the
     summary gives the written kind its held-out and seen rows."""
     held = WrittenQuestion(f"{HELD_OUT_GROUPS[0]}/lib", "The access code for the north warehouse is 31548.",
-                           "31548", ("What is the access code for the north warehouse?",), "number")
+                           "31548", ("What is the access code for the north warehouse?",), "number",
+                           ("Who manages the north warehouse?",))
     seen = WrittenQuestion("written-b/doc", "The default port is 8080 for new servers.", "8080",
                            ("What is the default port?",), "number")
     rows = rp.probe(BUNDLED_MODEL, tmp_path / "out", per_kind=1, device="cpu", written=[held, seen],
                     progress=lambda line: None)
-    assert [(r.source, r.held_out) for r in rows] == [(HELD_OUT_GROUPS[0], True), ("written-b", False)]
-    assert all(r.right == holds_answer(r.shown, [r.answer]) for r in rows)
+    assert [(r.source, r.held_out, r.kind) for r in rows] == [(HELD_OUT_GROUPS[0], True, "written"),
+                                                             (HELD_OUT_GROUPS[0], True, "written, unanswered"),
+                                                             ("written-b", False, "written")]
+    assert all(r.right == (holds_answer(r.shown, [r.answer]) if r.answer else abstains(r.shown, "not found"))
+               for r in rows)
     summary = (tmp_path / "out" / "summary.md").read_text()
-    assert "| written |" in summary and "| held-out |" in summary and "| seen |" in summary
+    assert "| written | written, unanswered |" in summary and "| held-out |" in summary and "| seen |" in summary
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["written"] == sorted([HELD_OUT_GROUPS[0], "written-b"])
 

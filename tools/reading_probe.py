@@ -26,7 +26,9 @@ expected span as whole words (`pdf_questions.holds_answer`, as eval-pdfs scores)
 
 `--written` asks training.written_questions' items instead (kind `written`): questions people would
 type, written over passages of installed manuals, every wording of the held-out collection's (its
-questions never trained on; its text, like a seen PDF's, in the corpus) and a sample of the trained.
+questions never trained on; its text, like a seen PDF's, in the corpus) and a sample of the trained;
+and (kind `written, unanswered`) the items' questions on the passage's topic that it does not
+answer, right where the model says so ("not found"), not where it makes up a value from the page.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.method.reading import abstains
 from engine.method.sentences import split_sentences
 from tools.pdf_questions import SOURCES, PdfSource, app_over, holds_answer, known_sources, read_passage_alone, read_pdf
 from training.cloze_questions import cloze_example, occurrences
@@ -46,7 +49,9 @@ from training.sentence_questions import context_window, questions_for
 from training.written_questions import WrittenQuestion
 
 WRITTEN_KIND = "written"
-KINDS = ("rule, training wording", "rule, held-out wording", "cloze", "parsed", "parsed, reworded", WRITTEN_KIND)
+WRITTEN_UNANSWERED_KIND = "written, unanswered"
+KINDS = ("rule, training wording", "rule, held-out wording", "cloze", "parsed", "parsed, reworded", WRITTEN_KIND,
+         WRITTEN_UNANSWERED_KIND)
 CONTEXT_CHARS = 450  # a question's context, as the training tasks cut it: it fits one chunk
 MIN_PARAGRAPH_CHARS = 80  # shorter blocks of a PDF's text are headings, page numbers, table cells
 
@@ -57,7 +62,7 @@ class ProbeQuestion:
     kind: str  # one of KINDS
     passage: str  # the question's sentence with its neighbours, read alone
     question: str
-    answer: str  # a span of `passage`
+    answer: str  # a span of `passage`; "" where the passage does not answer (right: "not found")
 
 
 @dataclass(frozen=True)
@@ -139,13 +144,20 @@ def _rule_and_cloze_questions(source: str, paras: list[str], per_kind: int,
 def written_probe_questions(items: list[WrittenQuestion], per_group: int, rng: random.Random) -> list[ProbeQuestion]:
     """Pure given `rng`: every wording of every held-out item (training.written_questions), and of
     each training collection `per_group` items drawn by `rng`, in their first wording (how well
-    questions the training asked are read: against the held-out row, what memorising is worth)."""
+    questions the training asked are read: against the held-out row, what memorising is worth);
+    after each item's, its unanswered questions the same way (all of a held-out item's, a trained
+    item's first)."""
+    held = [q for q in items if q.held_out]
     asked = [ProbeQuestion(q.group, WRITTEN_KIND, q.context, wording, q.answer)
-             for q in items if q.held_out for wording in q.questions]
+             for q in held for wording in q.questions]
+    asked += [ProbeQuestion(q.group, WRITTEN_UNANSWERED_KIND, q.context, wording, "")
+              for q in held for wording in q.unanswered]
     for group in sorted({q.group for q in items if not q.held_out}):
-        members = [q for q in items if q.group == group]
-        asked += [ProbeQuestion(group, WRITTEN_KIND, q.context, q.questions[0], q.answer)
-                  for q in rng.sample(members, min(per_group, len(members)))]
+        in_group = [q for q in items if q.group == group]
+        members = rng.sample(in_group, min(per_group, len(in_group)))
+        asked += [ProbeQuestion(group, WRITTEN_KIND, q.context, q.questions[0], q.answer) for q in members]
+        asked += [ProbeQuestion(group, WRITTEN_UNANSWERED_KIND, q.context, q.unanswered[0], "")
+                  for q in members if q.unanswered]
     return asked
 
 
@@ -211,8 +223,8 @@ def _read_each_alone(model_dir: Path, out_dir: Path, asked: list[ProbeQuestion],
     with app_over(model_dir, device) as service:
         for n, q in enumerate(asked, 1):
             shown = read_passage_alone(service, q.question, q.passage)
-            rows.append(ProbeRow(q.source, held_out[q.source], q.kind, q.question, q.answer, shown,
-                                 holds_answer(shown, [q.answer])))
+            right = holds_answer(shown, [q.answer]) if q.answer else abstains(shown, service.defaults.abstain_answer)
+            rows.append(ProbeRow(q.source, held_out[q.source], q.kind, q.question, q.answer, shown, right))
             progress(f"[{n}/{len(asked)}] {q.source} {q.kind}: {'right' if rows[-1].right else 'wrong'}")
         device_name = str(service.engine.device)
     (out_dir / "rows.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))

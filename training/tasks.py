@@ -112,7 +112,8 @@ class TaskSampler:
                  multiquery_keys: tuple[int, ...] | None = None, near_miss_share: float = 0.0,
                  reword_share: float = 0.0, synonyms: Mapping[str, Sequence[str]] | None = None,
                  decoy_share: float = 0.0, answerable_decoy_share: float = 0.0,
-                 written_not_found_share: float = LOOKUP_NOT_FOUND_SHARE) -> None:
+                 written_not_found_share: float = LOOKUP_NOT_FOUND_SHARE,
+                 written_unanswered_share: float = 0.0) -> None:
         self.rng = random.Random(seed)
         # Of sentence_qa's and parsed_qa's questions, the share reworded as people ask
         # (training.reworded_questions, with `synonyms` from training.synonyms; written_qa's are
@@ -153,6 +154,14 @@ class TaskSampler:
         if not 0.0 <= written_not_found_share <= 1.0:
             raise ValueError(f"written_not_found_share must be within [0, 1], got {written_not_found_share}")
         self.written_not_found_share = written_not_found_share
+        # Of written_qa's examples of items that have them, the share asking one of the item's
+        # unanswered questions over its own whole passage ("not found"): the hardest near miss, a
+        # page on the question's very subject, with values of its kind, that does not state the one
+        # asked. A reader that learned "a person's question over the page on its topic has its
+        # answer there" makes one up from such a page. 0 draws the streams of the runs before it.
+        if not 0.0 <= written_unanswered_share <= 1.0:
+            raise ValueError(f"written_unanswered_share must be within [0, 1], got {written_unanswered_share}")
+        self.written_unanswered_share = written_unanswered_share
         # How many keys a multi-query question asks for, drawn uniformly from this list; None draws
         # 2-4 uniformly (the default stream). RULER's niah_multiquery always asks for 4.
         if multiquery_keys is not None and (not multiquery_keys or any(not 1 <= n <= 4 for n in multiquery_keys)):
@@ -541,9 +550,15 @@ class TaskSampler:
         """A question written as a person asks it about a manual's passage (training.written_questions),
         in one of its wordings, over that passage among real paragraphs; its collection drawn first.
         `written_not_found_share` of them say "not found": the passage left out, or in a near miss
-        its other sentences, or another passage of the same document, that do not hold the answer."""
+        its other sentences, or another passage of the same document, that do not hold the answer;
+        `written_unanswered_share` of those with unanswered questions ask one over the whole passage."""
+        r = self.rng
         by_group = self.written_questions
-        item = self.rng.choice(by_group[self.rng.choice(sorted(by_group))])
+        item = r.choice(by_group[r.choice(sorted(by_group))])
+        if self.written_unanswered_share and item.get("unanswered") and r.random() < self.written_unanswered_share:
+            chunks = [self._chunk_with([], "text") for _ in range(k)]
+            chunks[r.randrange(k)] = self.encode(" " + item["context"])[: self.c - 1]
+            return Example(chunks, self.encode(r.choice(item["unanswered"])), self._answer(relations.NOT_FOUND))
         mates = [m["context"] for m in self.written_by_document[item["document"]]
                  if m is not item and item["answer"] not in m["context"]]
         # Written as people ask already: not reworded by rule.

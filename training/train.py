@@ -128,7 +128,8 @@ def task_sampler(corpus_path: Path, model_dir: Path, layout: Layout, seed: int, 
                  niah_variant_weights: dict[str, float], multiquery_keys: tuple[int, ...] | None = None,
                  near_miss_share: float = 0.0, rewording: RewordingOption | None = None,
                  decoy_share: float = 0.0, answerable_decoy_share: float = 0.0,
-                 written_not_found_share: float = LOOKUP_NOT_FOUND_SHARE) -> TaskSampler:
+                 written_not_found_share: float = LOOKUP_NOT_FOUND_SHARE,
+                 written_unanswered_share: float = 0.0) -> TaskSampler:
     """The training's example source: the prepared corpus, the model's tokenizer, chunks of
     CHUNK_SIZE and answers of ANSWER_LEN tokens."""
     corpus = torch.load(corpus_path, weights_only=False)
@@ -141,7 +142,8 @@ def task_sampler(corpus_path: Path, model_dir: Path, layout: Layout, seed: int, 
                        reword_share=rewording.share if rewording else 0.0,
                        synonyms=read_synonyms(rewording.synonyms) if rewording else None,
                        decoy_share=decoy_share, answerable_decoy_share=answerable_decoy_share,
-                       written_not_found_share=written_not_found_share)
+                       written_not_found_share=written_not_found_share,
+                       written_unanswered_share=written_unanswered_share)
 
 
 
@@ -150,9 +152,10 @@ class Batches(torch.utils.data.IterableDataset):
 
     def __init__(self, corpus_path, model_dir, cfg, layout, batch_size, seed, stage, task_weights,
                  niah_variant_weights, multiquery_keys=None, near_miss_share=0.0, rewording=None,
-                 decoy_share=0.0, answerable_decoy_share=0.0, written_not_found_share=LOOKUP_NOT_FOUND_SHARE) -> None:
+                 decoy_share=0.0, answerable_decoy_share=0.0, written_not_found_share=LOOKUP_NOT_FOUND_SHARE,
+                 written_unanswered_share=0.0) -> None:
         self.corpus_path, self.model_dir, self.cfg = corpus_path, model_dir, cfg
-        self.written_not_found_share = written_not_found_share
+        self.written_not_found_share, self.written_unanswered_share = written_not_found_share, written_unanswered_share
         self.multiquery_keys, self.near_miss_share, self.rewording = multiquery_keys, near_miss_share, rewording
         self.decoy_share, self.answerable_decoy_share = decoy_share, answerable_decoy_share
         self.layout, self.batch_size, self.seed, self.stage = layout, batch_size, seed, stage
@@ -164,7 +167,8 @@ class Batches(torch.utils.data.IterableDataset):
         sampler = task_sampler(self.corpus_path, self.model_dir, self.layout, self.seed * 1000 + wid,
                                self.task_weights, self.niah_variant_weights, self.multiquery_keys,
                                self.near_miss_share, self.rewording, self.decoy_share,
-                               self.answerable_decoy_share, self.written_not_found_share)
+                               self.answerable_decoy_share, self.written_not_found_share,
+                               self.written_unanswered_share)
         rng = random.Random(self.seed * 7919 + wid)
         while True:
             ks = CURRICULUM[self.stage.value][1]
@@ -311,6 +315,9 @@ def main() -> None:
     ap.add_argument("--written-not-found-share", type=_share, default=LOOKUP_NOT_FOUND_SHARE,
                     help="of written_qa's examples, the share whose passage does not answer (\"not found\"; "
                          f"default {LOOKUP_NOT_FOUND_SHARE}, the other question tasks' share)")
+    ap.add_argument("--written-unanswered-share", type=_share, default=0.0,
+                    help="of written_qa's examples of items with unanswered questions, the share asking one "
+                         "over the item's whole passage (\"not found\"; default 0: none)")
     ap.add_argument("--reword-share", type=_share, default=0.0,
                     help="of sentence_qa's and parsed_qa's questions, the share reworded as people ask "
                          "(training.reworded_questions; needs --synonyms; default 0: none)")
@@ -382,7 +389,8 @@ def main() -> None:
         Batches(args.data / "corpus.pt", args.model_dir, cfg, layout, args.batch_size, data_seed, stage,
                 args.task_weights, args.niah_variant_weights, args.multiquery_keys, args.near_miss_share,
                 RewordingOption(args.reword_share, args.synonyms) if args.reword_share else None,
-                args.decoy_share, args.answerable_decoy_share, args.written_not_found_share),
+                args.decoy_share, args.answerable_decoy_share, args.written_not_found_share,
+                args.written_unanswered_share),
         batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0,
         prefetch_factor=4 if args.workers > 0 else None, pin_memory=device.type == "cuda")
     gen = torch.Generator(device=device).manual_seed(data_seed)
@@ -463,6 +471,7 @@ def main() -> None:
             "reword_share": args.reword_share, "decoy_share": args.decoy_share,
             "answerable_decoy_share": args.answerable_decoy_share,
             "written_not_found_share": args.written_not_found_share,
+            "written_unanswered_share": args.written_unanswered_share,
             "written_questions_sha256": written_questions_digest() if args.task_weights.get("written_qa") else None,
             "init_from": init_from, "start_stage": start_stage,
             "pool_kv_heads": args.pool_kv_heads,

@@ -5,8 +5,9 @@ wording keeps to the sentence's own. A person asking about a page does not ("how
 does --track-origins need?" for "increases memory use by a minimum of 100MB"). These items were
 written that way, one passage of installed Debian documentation each (GNU info manuals, the Debian
 Administrator's Handbook, git's manual, section 5 and 8 man pages, Python's library reference),
-with two or three wordings for one answer, a span of the passage. None is from a manual eval-pdfs
-asks about (`tools.pdf_questions.SOURCES`).
+with two or three wordings for one answer, a span of the passage, and (`unanswered`) questions on
+the passage's topic that it does not answer, as people ask a page what it does not say. None is
+from a manual eval-pdfs asks about (`tools.pdf_questions.SOURCES`).
 
 The unit of the train / held-out split is the document collection (`group`): the questions of the
 collections in HELD_OUT_GROUPS are never trained on; `docqa-tools probe-reading --written` reads them,
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 WRITTEN_QUESTIONS = Path(__file__).with_name("data") / "written_questions.jsonl"
-COLLECTIONS = ("written-info1", "written-info2", "written-handbook", "written-gitman", "written-python")
+COLLECTIONS = ("written-info1", "written-info2", "written-handbook", "written-gitman", "written-python",
+               "written-debref", "written-sqlite")
 HELD_OUT_GROUPS = ("written-python",)
 KINDS = ("number", "name", "identifier", "value", "phrase")
 MAX_CONTEXT_WORDS = 70  # a passage fits one 128-token chunk of the bundled model with its BOS
@@ -37,6 +39,9 @@ class WrittenQuestion:
     answer: str  # a span of `context`
     questions: tuple[str, ...]  # wordings of the one question
     kind: str  # one of KINDS
+    # Questions on the passage's topic that it does not answer (another attribute of its subject, the
+    # same attribute of a neighbouring one): the answer to them, over this passage, is "not found".
+    unanswered: tuple[str, ...] = ()
 
     @property
     def group(self) -> str:
@@ -58,8 +63,12 @@ def parse_written_question(line: str) -> WrittenQuestion:
     questions = raw["questions"]
     if not isinstance(questions, list) or not all(isinstance(q, str) for q in questions):
         raise ValueError("questions is a list of strings")
+    unanswered = raw.get("unanswered", [])
+    if not isinstance(unanswered, list) or not all(isinstance(q, str) for q in unanswered):
+        raise ValueError("unanswered is a list of strings")
     item = WrittenQuestion(str(raw["source"]), " ".join(str(raw["context"]).split()), str(raw["answer"]).strip(),
-                           tuple(q.strip() for q in questions if q.strip()), str(raw["kind"]))
+                           tuple(q.strip() for q in questions if q.strip()), str(raw["kind"]),
+                           tuple(q.strip() for q in unanswered if q.strip()))
     group, _, document = item.source.partition("/")
     if group not in COLLECTIONS or not document:
         raise ValueError(f"source {item.source!r} is no '<collection>/<document>' of {', '.join(COLLECTIONS)}")
@@ -69,6 +78,8 @@ def parse_written_question(line: str) -> WrittenQuestion:
         raise ValueError(f"answer {item.answer!r} is not a span of its context")
     if not item.questions:
         raise ValueError("no question")
+    if set(item.unanswered) & set(item.questions):
+        raise ValueError("a question is both answered and unanswered by its passage")
     if len(item.context.split()) > MAX_CONTEXT_WORDS:
         raise ValueError(f"context of {len(item.context.split())} words, more than {MAX_CONTEXT_WORDS}")
     return item
@@ -89,10 +100,11 @@ def read_written_questions(path: Path = WRITTEN_QUESTIONS) -> list[WrittenQuesti
 
 def training_items(items: list[WrittenQuestion]) -> list[dict]:
     """The items the training may ask (none of HELD_OUT_GROUPS), as the question tasks take them
-    (`TaskSampler._asked_over_context`: context, answer, questions; source, the collection; and
-    document, whose other passages are the item's near misses)."""
+    (`TaskSampler._asked_over_context`: context, answer, questions; source, the collection;
+    document, whose other passages are the item's near misses; unanswered, its questions the passage
+    does not answer)."""
     return [{"context": q.context, "answer": q.answer, "questions": list(q.questions), "source": q.group,
-             "document": q.source} for q in items if not q.held_out]
+             "document": q.source, "unanswered": list(q.unanswered)} for q in items if not q.held_out]
 
 
 def written_questions_digest(path: Path = WRITTEN_QUESTIONS) -> str:

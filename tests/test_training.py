@@ -247,6 +247,34 @@ def test_lookup_eval_files_name_the_asked_fact_and_load_with_it(tmp_path):
             assert all(s.context.find(s.needle) <= a for a, _ in spans)
 
 
+def test_eval_rows_keep_the_lone_readings_and_what_confirmation_withheld(tmp_path):
+    """docqa-tools eval with the bundled model's defaults (each chosen chunk also read alone, an
+    answer given only where one of them confirms it): a row keeps the lone readings it took, and a
+    row shown "not found" by confirmation the joint answer it withheld, which none of them confirms."""
+    from engine.engine import Engine
+    from engine.method.reading import abstains, confirms
+    from tools import lookup
+    from tools.evaluation import evaluate
+
+    doc_root = tmp_path / "doc"
+    for i in range(4):
+        (doc_root / f"pkg{i}").mkdir(parents=True)
+        (doc_root / f"pkg{i}" / "copyright").write_text("\n\n".join(
+            f"Package {i} paragraph {j}: permission is hereby granted to use, copy and modify this software."
+            for j in range(12)))
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_MODEL / "tokenizer.json"))
+    lookup.generate(tmp_path / "data", hf_tok, ["lookup_family", "no_answer"], [1024], 3, seed=5, doc_root=doc_root)
+    samples = ruler.load(tmp_path / "data", ["lookup_family", "no_answer"], [1024])
+    rows = evaluate(Engine.from_pretrained(BUNDLED_MODEL, device="cpu"), samples, ["static"], 128, 4096,
+                    progress=lambda line: None)
+    assert len(rows) == 6 and all(r.mode.endswith("+alone") for r in rows)
+    assert any(r.lone_answers for r in rows)
+    for r in rows:
+        if r.unconfirmed is not None:
+            assert abstains(r.prediction, "not found") and not abstains(r.unconfirmed, "not found")
+            assert not any(confirms(r.unconfirmed, lone, "not found") for lone in r.lone_answers)
+
+
 def test_summary_and_heatmap(tmp_path):
     rows = [EvalRow("niah_single_2", n, i, "static", float(i % 2), "x", ["y"], i / 4, True, 1.0, 1.0, 2 + i % 3)
             for n in (4096, 8192) for i in range(4)]
@@ -254,6 +282,12 @@ def test_summary_and_heatmap(tmp_path):
     md = summarize(rows)
     assert "| niah_single_2 | 68.8 (n=4) | 50.0 (n=4) |" in md and "recall" in md
     assert "chunks decoded over, on average: 2.75 (from 2 to 4, 8 samples)" in md
+    assert "confirmed" not in md  # no lone readings: nothing to say about confirmation
+    # A right joint answer that no chunk alone confirmed is counted as a loss; a wrong one is not.
+    rows[1].unconfirmed, rows[1].score, rows[1].prediction = "y", 0.0, "not found"
+    rows[2].unconfirmed = "z"
+    assert ('answers no chunk read alone confirmed, shown as "not found": 2 of 8 samples '
+            '(1 of them would have scored higher as read)') in summarize(rows)
     heatmap(rows, tmp_path / "h.png")
     assert (tmp_path / "h.png").stat().st_size > 1000
 

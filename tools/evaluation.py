@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,6 +45,11 @@ class EvalRow:
     candidate_recall: float | None = None
     kv_encoding: str = DEFAULT_KV_ENCODING  # how the KV was kept at rest (storage.kv_codec)
     setting: str = ""  # the row's label without the encoding (rows of one setting are compared across encodings)
+    # With lone readings (AnswerParams.read_chunks_alone): each selected chunk's answer read alone, as
+    # far as they were read, and the joint answer that none confirmed where confirmation turned it
+    # into "not found" (AnswerParams.confirm_with_lone_reading): what a miss by confirmation lost.
+    lone_answers: list[str] = field(default_factory=list)
+    unconfirmed: str | None = None
 
 
 def answer_chunks(sample: ruler.Sample, offsets: list[tuple[int, int]], content_starts: torch.Tensor) -> set[int]:
@@ -131,7 +136,8 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
             label = f"{setting}/{enc}" if len(encodings) > 1 and mode in CACHED_KV_MODES else setting
             row = EvalRow(s.task, s.length, s.index, label, ruler.score(s.task, result.text, s.outputs),
                           result.text, [str(o) for o in s.outputs], s.depth, selected, seconds, recall,
-                          len(result.trace.selected), m, seen, enc, setting)
+                          len(result.trace.selected), m, seen, enc, setting, list(result.trace.lone_answers),
+                          result.trace.unconfirmed)
             rows.append(row)
             if rows_path is not None:
                 with open(rows_path, "a") as f:
@@ -173,6 +179,11 @@ def summarize(rows: list[EvalRow]) -> str:
         if kept:
             out.append(f"\nchunks decoded over, on average: {sum(kept) / len(kept):.2f} "
                        f"(from {min(kept)} to {max(kept)}, {len(kept)} samples)")
+        unconfirmed = [r for r in sub if r.unconfirmed is not None]
+        if unconfirmed:
+            lost = sum(ruler.score(r.task, r.unconfirmed, r.outputs) > r.score for r in unconfirmed)
+            out.append(f"\nanswers no chunk read alone confirmed, shown as \"not found\": {len(unconfirmed)} of "
+                       f"{len(sub)} samples ({lost} of them would have scored higher as read)")
     agreement = encoding_agreement(rows)
     if agreement:
         out.append("\n### answers against bf16 KV\n")

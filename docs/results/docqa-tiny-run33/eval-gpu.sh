@@ -32,4 +32,3 @@ HELD="lookup_family lookup_paraphrase lookup_framing no_answer niah_absent_key n
 written run33-written /tmp/run33-int8
 run run33-s61-4k /tmp/run33-int8 .ruler-data/s61 "$HELD qa_1 qa_2" 4096
 run run33-s67-4k /tmp/run33-int8 .ruler-data/s67 "$HELD" 4096
-written run28-written .device-data/init28

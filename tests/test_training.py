@@ -217,19 +217,25 @@ def test_answer_spans_point_into_the_asked_fact_not_an_earlier_equal_value():
         dataclasses.replace(plain, needle="The Tarn pie is made with apples.").answer_spans()
 
 
-def test_lookup_eval_files_name_the_asked_fact_and_load_with_it(tmp_path):
+def _lookup_samples(tmp_path: Path, tasks: list[str], per_task: int, seed: int,
+                    packages: int = 6) -> list[ruler.Sample]:
+    """`per_task` samples of each lookup task at 1K, written by tools.lookup over licence-like files
+    of `packages` packages (the haystacks the lookup evaluation reads), and loaded back."""
     from tools import lookup
 
     doc_root = tmp_path / "doc"
-    for i in range(6):
+    for i in range(packages):
         (doc_root / f"pkg{i}").mkdir(parents=True)
         (doc_root / f"pkg{i}" / "copyright").write_text("\n\n".join(
             f"Package {i} paragraph {j}: permission is hereby granted to use, copy and modify this software."
             for j in range(12)))
     hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_MODEL / "tokenizer.json"))
-    tasks = ["lookup_family", "no_answer", "niah_absent_key"]
-    lookup.generate(tmp_path / "data", hf_tok, tasks, [1024], 6, seed=3, doc_root=doc_root)
-    samples = ruler.load(tmp_path / "data", tasks, [1024])
+    lookup.generate(tmp_path / "data", hf_tok, tasks, [1024], per_task, seed=seed, doc_root=doc_root)
+    return ruler.load(tmp_path / "data", tasks, [1024])
+
+
+def test_lookup_eval_files_name_the_asked_fact_and_load_with_it(tmp_path):
+    samples = _lookup_samples(tmp_path, ["lookup_family", "no_answer", "niah_absent_key"], 6, seed=3)
     assert len(samples) == 18
     rows = [json.loads(line) for line in (tmp_path / "data" / "niah_absent_key_1024" / "validation.jsonl").open()]
     for s, row in zip([s for s in samples if s.task == "niah_absent_key"], rows, strict=True):
@@ -253,18 +259,9 @@ def test_eval_rows_keep_the_lone_readings_and_what_confirmation_withheld(tmp_pat
     row shown "not found" by confirmation the joint answer it withheld, which none of them confirms."""
     from engine.engine import Engine
     from engine.method.reading import abstains, confirms
-    from tools import lookup
     from tools.evaluation import evaluate
 
-    doc_root = tmp_path / "doc"
-    for i in range(4):
-        (doc_root / f"pkg{i}").mkdir(parents=True)
-        (doc_root / f"pkg{i}" / "copyright").write_text("\n\n".join(
-            f"Package {i} paragraph {j}: permission is hereby granted to use, copy and modify this software."
-            for j in range(12)))
-    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_MODEL / "tokenizer.json"))
-    lookup.generate(tmp_path / "data", hf_tok, ["lookup_family", "no_answer"], [1024], 3, seed=5, doc_root=doc_root)
-    samples = ruler.load(tmp_path / "data", ["lookup_family", "no_answer"], [1024])
+    samples = _lookup_samples(tmp_path, ["lookup_family", "no_answer"], 3, seed=5, packages=4)
     rows = evaluate(Engine.from_pretrained(BUNDLED_MODEL, device="cpu"), samples, ["static"], 128, 4096,
                     progress=lambda line: None)
     assert len(rows) == 6 and all(r.mode.endswith("+alone") for r in rows)

@@ -283,7 +283,7 @@ def test_summary_and_heatmap(tmp_path):
     # A right joint answer that no chunk alone confirmed is counted as a loss; a wrong one is not.
     rows[1].unconfirmed, rows[1].score, rows[1].prediction = "y", 0.0, "not found"
     rows[2].unconfirmed = "z"
-    assert ('answers no chunk read alone confirmed, shown as "not found": 2 of 8 samples '
+    assert ('answers no chunk read alone confirmed, shown as the abstain answer: 2 of 8 samples '
             '(1 of them would have scored higher as read)') in summarize(rows)
     heatmap(rows, tmp_path / "h.png")
     assert (tmp_path / "h.png").stat().st_size > 1000

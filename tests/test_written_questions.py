@@ -3,6 +3,7 @@ train / held-out split by document collection, the written_qa task and the readi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -43,6 +44,7 @@ def test_the_committed_items_are_valid_fit_a_chunk_and_keep_to_their_split():
         shown = TOK.decode(TOK.encode(" " + q.context).ids[:CHUNK - 1])
         assert q.answer in shown, q
         assert len(set(q.questions)) == len(q.questions) >= 2, q
+        assert len(set(q.unanswered)) == len(q.unanswered), q
     # The manuals eval-pdfs asks about, by the words their documents' names would hold; each of
     # SOURCES must be named here (a source added there fails until it is).
     eval_manuals = ("valgrind", "zlib", "crc", "mime", "faq", "nettle", "bash", "bzip2", "libtasn1")
@@ -69,7 +71,8 @@ def test_the_committed_items_are_valid_fit_a_chunk_and_keep_to_their_split():
     ({"context": "word " * 71 + "8080"}, "more than 70"),
     ({"unanswered": "which protocol?"}, "unanswered is a list of strings"),
     ({"unanswered": [3]}, "unanswered is a list of strings"),
-    ({"unanswered": ["which port does it listen on out of the box?"]}, "both answered and unanswered"),
+    ({"unanswered": ["Which port does it listen on out of the box?"]}, "both answered and unanswered"),
+    ({"unanswered": ["max clients?", "Max clients?"]}, "given twice"),
 ])
 def test_an_item_a_task_cannot_ask_is_refused_clearly(change, message):
     with pytest.raises(ValueError, match=message):
@@ -197,6 +200,14 @@ def test_unanswered_written_questions_are_asked_over_their_whole_passage():
             asked["other"] += 1
             assert question in without.questions and answer == without.answer
     assert asked["unanswered"] > 30 and asked["other"] > 30
+    # With the share 0, items with unanswered questions draw exactly the examples they drew without.
+    plain = [dataclasses.replace(with_unanswered, unanswered=()), without]
+    streams = []
+    for items in ([with_unanswered, without], plain):
+        sampler = TaskSampler(_text_corpus(training_items(items)), lambda s: TOK.encode(s).ids, TOK.decode, layout,
+                              CHUNK, 64, seed=6, task_weights={"written_qa": 1}, near_miss_share=0.5)
+        streams.append([sampler.sample(2, scoring_share=0.0) for _ in range(50)])
+    assert streams[0] == streams[1]
     with pytest.raises(ValueError, match="written_unanswered_share"):
         TaskSampler(_text_corpus(training_items([without])), lambda s: TOK.encode(s).ids, TOK.decode, layout,
                     CHUNK, 64, seed=0, task_weights={"written_qa": 1}, written_unanswered_share=-0.1)
@@ -213,15 +224,16 @@ def test_the_written_probe_asks_every_held_out_wording_and_a_sample_of_the_train
     assert len(asked) == 4 and all(q.kind == "written" and q.answer in q.passage for q in asked)
     assert {q.question for q in asked[2:]} <= {f"flag {i}?" for i in range(6)}
     # Unanswered questions: all of a held-out item's, a sampled trained item's first, each with no answer.
-    held = WrittenQuestion(held.source, held.context, held.answer, held.questions, held.kind,
-                           ("which backoff does it use?", "who wrote it?"))
-    seen = [WrittenQuestion(q.source, q.context, q.answer, q.questions, q.kind, (f"long form of {i}?", "x?"))
-            for i, q in enumerate(seen)]
-    asked = rp.written_probe_questions([held, *seen], 2, random.Random(0))
-    unanswered = [q for q in asked if q.kind == rp.WRITTEN_UNANSWERED_KIND]
+    held = dataclasses.replace(held, unanswered=("which backoff does it use?", "who wrote it?"))
+    seen = [dataclasses.replace(q, unanswered=(f"long form of {i}?", "x?")) for i, q in enumerate(seen)]
+    with_unanswered = rp.written_probe_questions([held, *seen], 2, random.Random(0))
+    assert [q for q in with_unanswered if q.kind == rp.WRITTEN_KIND] == asked  # the same sample drawn
+    unanswered = [q for q in with_unanswered if q.kind == rp.WRITTEN_UNANSWERED_KIND]
     assert [q.question for q in unanswered[:2]] == ["which backoff does it use?", "who wrote it?"]
     assert len(unanswered) == 4 and all(q.answer == "" for q in unanswered)
-    assert {q.question for q in unanswered[2:]} <= {f"long form of {i}?" for i in range(6)}
+    # A sampled trained item's first unanswered question, over that item's passage.
+    assert [q.passage for q in unanswered[2:]] == [q.passage for q in asked[2:]]
+    assert all(q.question.startswith("long form of") for q in unanswered[2:])
 
 
 @pytest.mark.slow
@@ -241,7 +253,9 @@ def test_the_written_probe_reads_through_the_app(tmp_path):
     assert all(r.right == (holds_answer(r.shown, [r.answer]) if r.answer else abstains(r.shown, "not found"))
                for r in rows)
     summary = (tmp_path / "out" / "summary.md").read_text()
-    assert "| written | written, unanswered |" in summary and "| held-out |" in summary and "| seen |" in summary
+    held_row = next(line for line in summary.splitlines() if line.startswith("| held-out |"))
+    assert held_row.endswith(f"| {int(rows[1].right)}/1 ({int(rows[1].right):.0%}) |")
+    assert "| written | written, unanswered |" in summary and "| seen |" in summary
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["written"] == sorted([HELD_OUT_GROUPS[0], "written-b"])
 

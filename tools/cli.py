@@ -79,7 +79,8 @@ def _build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--seed", type=int, default=11, help="draws which sentences are asked")
     pr.add_argument("--written", action="store_true",
                     help="ask training.written_questions' items instead: every wording of the held-out "
-                         "collections', and --per-kind items of each training collection")
+                         "collections', and --per-kind items of each training collection; then their "
+                         "unanswered questions (right where the model says it does not know)")
     pr.add_argument("--device", default=None)
     pr.add_argument("--out", type=Path, default=Path("probe-reading-out"))
 

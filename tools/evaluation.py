@@ -182,7 +182,7 @@ def summarize(rows: list[EvalRow]) -> str:
         unconfirmed = [r for r in sub if r.unconfirmed is not None]
         if unconfirmed:
             lost = sum(ruler.score(r.task, r.unconfirmed, r.outputs) > r.score for r in unconfirmed)
-            out.append(f"\nanswers no chunk read alone confirmed, shown as \"not found\": {len(unconfirmed)} of "
+            out.append(f"\nanswers no chunk read alone confirmed, shown as the abstain answer: {len(unconfirmed)} of "
                        f"{len(sub)} samples ({lost} of them would have scored higher as read)")
     agreement = encoding_agreement(rows)
     if agreement:

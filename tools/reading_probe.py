@@ -145,8 +145,8 @@ def written_probe_questions(items: list[WrittenQuestion], per_group: int, rng: r
     """Pure given `rng`: every wording of every held-out item (training.written_questions), and of
     each training collection `per_group` items drawn by `rng`, in their first wording (how well
     questions the training asked are read: against the held-out row, what memorising is worth);
-    after each item's, its unanswered questions the same way (all of a held-out item's, a trained
-    item's first)."""
+    after each collection's answerable questions, its unanswered ones the same way (all of a
+    held-out item's, a sampled trained item's first)."""
     held = [q for q in items if q.held_out]
     asked = [ProbeQuestion(q.group, WRITTEN_KIND, q.context, wording, q.answer)
              for q in held for wording in q.questions]
@@ -223,7 +223,9 @@ def _read_each_alone(model_dir: Path, out_dir: Path, asked: list[ProbeQuestion],
     with app_over(model_dir, device) as service:
         for n, q in enumerate(asked, 1):
             shown = read_passage_alone(service, q.question, q.passage)
-            right = holds_answer(shown, [q.answer]) if q.answer else abstains(shown, service.defaults.abstain_answer)
+            # A model without an abstain answer abstains by answering nothing.
+            right = (abstains(shown, service.defaults.abstain_answer or "") if q.kind == WRITTEN_UNANSWERED_KIND
+                     else holds_answer(shown, [q.answer]))
             rows.append(ProbeRow(q.source, held_out[q.source], q.kind, q.question, q.answer, shown, right))
             progress(f"[{n}/{len(asked)}] {q.source} {q.kind}: {'right' if rows[-1].right else 'wrong'}")
         device_name = str(service.engine.device)

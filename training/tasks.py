@@ -158,7 +158,8 @@ class TaskSampler:
         # unanswered questions over its own whole passage ("not found"): the hardest near miss, a
         # page on the question's very subject, with values of its kind, that does not state the one
         # asked. A reader that learned "a person's question over the page on its topic has its
-        # answer there" makes one up from such a page. 0 draws the streams of the runs before it.
+        # answer there" makes one up from such a page. 0 draws the stream the same items draw
+        # without unanswered questions.
         if not 0.0 <= written_unanswered_share <= 1.0:
             raise ValueError(f"written_unanswered_share must be within [0, 1], got {written_unanswered_share}")
         self.written_unanswered_share = written_unanswered_share
@@ -549,9 +550,11 @@ class TaskSampler:
     def written_qa(self, k: int) -> Example:
         """A question written as a person asks it about a manual's passage (training.written_questions),
         in one of its wordings, over that passage among real paragraphs; its collection drawn first.
-        `written_not_found_share` of them say "not found": the passage left out, or in a near miss
-        its other sentences, or another passage of the same document, that do not hold the answer;
-        `written_unanswered_share` of those with unanswered questions ask one over the whole passage."""
+        Of the examples of an item with unanswered questions, `written_unanswered_share` ask one of
+        those over the whole passage ("not found"). Of the rest, `written_not_found_share` say "not
+        found": the passage left out, or in a near miss its other sentences, or another passage of
+        the same document, that do not hold the answer. (An item with unanswered questions says "not
+        found" at u + (1 - u) x that share.)"""
         r = self.rng
         by_group = self.written_questions
         item = r.choice(by_group[r.choice(sorted(by_group))])

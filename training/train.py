@@ -317,7 +317,8 @@ def main() -> None:
                          f"default {LOOKUP_NOT_FOUND_SHARE}, the other question tasks' share)")
     ap.add_argument("--written-unanswered-share", type=_share, default=0.0,
                     help="of written_qa's examples of items with unanswered questions, the share asking one "
-                         "over the item's whole passage (\"not found\"; default 0: none)")
+                         "over the item's whole passage (\"not found\"; drawn before --written-not-found-share, "
+                         "which applies to the rest; default 0: none)")
     ap.add_argument("--reword-share", type=_share, default=0.0,
                     help="of sentence_qa's and parsed_qa's questions, the share reworded as people ask "
                          "(training.reworded_questions; needs --synonyms; default 0: none)")

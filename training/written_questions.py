@@ -78,8 +78,10 @@ def parse_written_question(line: str) -> WrittenQuestion:
         raise ValueError(f"answer {item.answer!r} is not a span of its context")
     if not item.questions:
         raise ValueError("no question")
-    if set(item.unanswered) & set(item.questions):
+    if {q.casefold() for q in item.unanswered} & {q.casefold() for q in item.questions}:
         raise ValueError("a question is both answered and unanswered by its passage")
+    if len({q.casefold() for q in item.unanswered}) != len(item.unanswered):
+        raise ValueError("an unanswered question is given twice")
     if len(item.context.split()) > MAX_CONTEXT_WORDS:
         raise ValueError(f"context of {len(item.context.split())} words, more than {MAX_CONTEXT_WORDS}")
     return item

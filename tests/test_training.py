@@ -261,10 +261,20 @@ def test_eval_rows_keep_the_lone_readings_and_what_confirmation_withheld(tmp_pat
     from engine.method.reading import abstains, confirms
     from tools.evaluation import evaluate
 
-    samples = _lookup_samples(tmp_path, ["lookup_family", "no_answer"], 3, seed=5, packages=4)
-    rows = evaluate(Engine.from_pretrained(BUNDLED_MODEL, device="cpu"), samples, ["static"], 128, 4096,
-                    progress=lambda line: None)
+    # Seed 8 holds, on this project's CPUs, a lookup whose joint answer no chunk alone confirms.
+    samples = _lookup_samples(tmp_path, ["lookup_family", "no_answer"], 3, seed=8, packages=4)
+    engine = Engine.from_pretrained(BUNDLED_MODEL, device="cpu")
+    real_answer, traces = engine.answer, []
+
+    def answer_keeping_its_trace(*args, **kwargs):
+        result = real_answer(*args, **kwargs)
+        traces.append(result.trace)
+        return result
+
+    engine.answer = answer_keeping_its_trace
+    rows = evaluate(engine, samples, ["static"], 128, 4096, progress=lambda line: None)
     assert len(rows) == 6 and all(r.mode.endswith("+alone") for r in rows)
+    assert [(r.lone_answers, r.unconfirmed) for r in rows] == [(t.lone_answers, t.unconfirmed) for t in traces]
     assert any(r.lone_answers for r in rows)
     for r in rows:
         if r.unconfirmed is not None:

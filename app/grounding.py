@@ -187,6 +187,25 @@ def completed_at_word_end(answer: str, passages: Sequence[Passage]) -> str:
     return text + rests.pop()
 
 
+def without_repeated_items(answer: str) -> str:
+    """Pure: a list answer with each value once, in the order first given ("7, 8, 9, 9" -> "7, 8, 9";
+    "A, B and A" -> "A, B"): a diffusion decoder can commit one value into two slots of a list, and
+    a value shown twice reads as two. An answer of more than MAX_SPAN_WORDS words is a sentence and
+    is left as written, as is one without repeats."""
+    if len(answer.split()) > MAX_SPAN_WORDS:
+        return answer
+    # [item, separator, item, separator, item, ...]: the separators as the answer writes them.
+    parts = re.split(f"({_ITEM_SEPARATORS.pattern})", answer)
+    kept, seen = [parts[0]], set(answer_items(parts[0]))
+    for separator, item in zip(parts[1::2], parts[2::2], strict=True):
+        value = answer_items(item)  # the item normalized: [] for an empty one, else one value
+        if value and value[0] in seen:
+            continue
+        seen.update(value)
+        kept += [separator, item]
+    return "".join(kept)
+
+
 def grounded_answer(answer: str, passages: Sequence[Passage]) -> str | None:
     """Pure: `answer` as written in the passages: itself where they hold it (its last word
     completed where it was cut: `completed_at_word_end`), the span it was copying where a close

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from app.defaults import BUNDLED_MODEL, ModelDefaults, answer_params, model_defaults, prefilter_for
-from app.grounding import Passage, grounded_answer
+from app.grounding import Passage, grounded_answer, without_repeated_items
 from app.ingest import IngestError, extract
 from app.jobs import JobProgress, progress_of
 from app.kv_service import DocumentKVService
@@ -211,8 +211,8 @@ def answer_warning(text: str, citations: list[Citation], best_score: float, weak
     says why where it stands for an `unconfirmed` answer (engine AnswerTrace.unconfirmed); an
     answer none of the passages contains, from a model that copies its answers (`extractive`), is
     shown as the passages' span it was copying where one is close (`closest_span`: a garbled copy),
-    else flagged; then a best score below `weak_score` warns that the documents may not hold the
-    answer."""
+    else flagged; a list's value given twice is shown once (`without_repeated_items`); then a best
+    score below `weak_score` warns that the documents may not hold the answer."""
     if abstain_answer and abstains(text, abstain_answer):
         return "", UNCONFIRMED_WARNING if unconfirmed else NOT_FOUND_WARNING
     if extractive:
@@ -220,6 +220,7 @@ def answer_warning(text: str, citations: list[Citation], best_score: float, weak
         if shown is None:
             return text, UNGROUNDED_WARNING
         text = shown
+    text = without_repeated_items(text)
     if weak_score is not None and best_score < weak_score:
         return text, ("The documents may not contain this: no passage explains the question well "
                       f"(best score {best_score:.2f}, below {weak_score:.2f}).")

@@ -9,6 +9,7 @@ from app.grounding import (
     closest_span,
     completed_at_word_end,
     joined_passages,
+    without_repeated_items,
 )
 
 
@@ -98,6 +99,20 @@ def test_a_value_cut_inside_its_last_word_is_completed_as_the_passages_write_it(
     assert completed_at_word_end("1,8", [_p("It costs 1,8", 0), _p("40 euros.", 12)]) == "1,840"
 
 
+def test_a_list_value_given_twice_is_shown_once():
+    """A decoder that commits one value into two slots of a list: the value once, in the order
+    first given, with the list's own separators; values equal but for case, spacing or outer
+    punctuation are one; a number with a comma is one value; a sentence is left as written."""
+    assert without_repeated_items("4011687, 2686493, 8689127, 8689127") == "4011687, 2686493, 8689127"
+    assert without_repeated_items("6022724, 8164575, 6022724 and 1363390") == "6022724, 8164575 and 1363390"
+    assert without_repeated_items("Rye, goat cheese and rye.") == "Rye, goat cheese"
+    assert without_repeated_items("a; b; A") == "a; b"
+    for unchanged in ("1,840 euros", "PDF, JSON and PNG.", "salt or pepper", "", "x, y, z"):
+        assert without_repeated_items(unchanged) == unchanged
+    sentence = "The cache, the index and the cache are rebuilt at start, so the first run is slow and so on"
+    assert without_repeated_items(sentence) == sentence
+
+
 def test_the_app_flags_an_answer_its_passages_do_not_hold():
     """What the answer shows (app.service.answer_warning): "not found" as no answer with a
     warning; a made-up value from a copying model flagged, the same from another model not; a
@@ -117,6 +132,9 @@ def test_the_app_flags_an_answer_its_passages_do_not_hold():
     assert answer_warning("the Hesk regata", citations, -0.4, -1.5, False, "not found") == ("the Hesk regata", None)
     shown, warning = answer_warning("Not found.", citations, -0.4, -1.5, True, "not found")
     assert shown == "" and warning.startswith("Not found")
+    # A value read twice in a list is shown once.
+    assert answer_warning("8,320 euros, Bergen and 8,320 euros", citations, -0.4, -1.5, True, "not found") == \
+        ("8,320 euros, Bergen", None)
     # An answer no chosen passage read alone confirmed: not found, and the warning says why.
     assert answer_warning("not found", citations, -0.4, -1.5, True, "not found", unconfirmed=True) == \
         ("", UNCONFIRMED_WARNING) != ("", warning)

@@ -5,10 +5,9 @@ wording keeps to the sentence's own. A person asking about a page does not ("how
 does --track-origins need?" for "increases memory use by a minimum of 100MB"). These items were
 written that way, one passage of installed Debian documentation each (GNU info manuals, the Debian
 Administrator's Handbook, git's manual, section 5 and 8 man pages, Python's library reference, the
-Debian Reference, SQLite's documentation),
-with two or three wordings for one answer, a span of the passage, and (`unanswered`) questions on
-the passage's topic that it does not answer, as people ask a page what it does not say. None is
-from a manual eval-pdfs asks about (`tools.pdf_questions.SOURCES`).
+Debian Reference, SQLite's documentation), with two or three wordings for one answer, a span of the
+passage, and (`unanswered`) questions on the passage's topic that it does not answer, as people ask
+a page what it does not say. None is from a manual eval-pdfs asks about (`tools.pdf_questions.SOURCES`).
 
 The unit of the train / held-out split is the document collection (`group`): the questions of the
 collections in HELD_OUT_GROUPS are never trained on; `docqa-tools probe-reading --written` reads them,

@@ -4,6 +4,7 @@ train / held-out split by document collection, the written_qa task and the readi
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import random
 
@@ -266,3 +267,41 @@ def test_the_cli_refuses_pdf_sources_with_written_questions(capsys):
 
     assert main(["probe-reading", "--written", "--sources", "valgrind"]) == EXIT_USAGE
     assert "--written asks the written questions" in capsys.readouterr().err
+
+
+def test_filled_context_share_places_passages_among_text_that_fills_their_chunk():
+    """With `filled_context_share` 1, every passage written_qa shows (the answering one, a near miss's,
+    an unanswered question's) stands whole among real text that fills its chunk to C-1 tokens, as a
+    document's chunks do at inference; answers are unchanged. With the share 0 (the default) the
+    stream is the one drawn before the share existed: the digest of these examples at cebaf8f."""
+    items = [WrittenQuestion("written-b/tool", "Tool waits 30 seconds before it retries. It logs each retry.",
+                             "30 seconds", ("how long between retries?", "retry pause?"), "number",
+                             ("how many retries before it gives up?",)),
+             WrittenQuestion("written-b/tool", "Tool keeps 12 log files. Older ones are deleted.", "12 log files",
+                             ("how many logs are kept?", "log count?"), "number", ("where are the logs kept?",))]
+    layout = make_layout(BUNDLED_MODEL, model_config(TOK))
+
+    def sampler(seed: int, **shares) -> TaskSampler:
+        return TaskSampler(_text_corpus(training_items(items)), lambda s: TOK.encode(s).ids, TOK.decode, layout,
+                           CHUNK, 64, seed=seed, task_weights={"written_qa": 1}, near_miss_share=1.0,
+                           written_not_found_share=0.3, written_unanswered_share=0.3, **shares)
+
+    filled, seen = sampler(7, filled_context_share=1.0), {"answered": 0, "not found": 0}
+    for _ in range(200):
+        ex = filled.sample(3, scoring_share=0.0)
+        answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+        shown = [c for c in ex.chunks if "Tool" in TOK.decode(c)]
+        assert len(shown) <= 1 and all(len(c) == CHUNK - 1 for c in ex.chunks)
+        if answer != "not found":
+            asked = next(q for q in items if answer == q.answer)
+            assert shown and asked.context in TOK.decode(shown[0])
+        seen["answered" if answer != "not found" else "not found"] += bool(shown)
+    assert seen["answered"] > 50 and seen["not found"] > 30
+    digest = hashlib.sha256()
+    plain = sampler(8)
+    for _ in range(100):
+        ex = plain.sample(3, scoring_share=0.0)
+        digest.update(repr((ex.chunks, ex.question_ids, ex.answer_ids)).encode())
+    assert digest.hexdigest() == "7ad404de00ced8039f86cb8fa71736c723434042a809f7aef023109c0499fc4a"
+    with pytest.raises(ValueError, match="filled_context_share"):
+        sampler(0, filled_context_share=2.0)

@@ -21,7 +21,7 @@ from app.defaults import answer_params, model_defaults
 from engine import Engine
 from engine.model.weights import read_model_config
 from training.tasks import NIAH_VARIANT_WEIGHTS
-from training.train import CHUNK_SIZE, make_layout, task_sampler
+from training.train import CHUNK_SIZE, SamplerOptions, make_layout, task_sampler
 
 SEED = 424242  # not a training seed (those are small integers times 1000 plus a worker id)
 
@@ -41,9 +41,9 @@ def main() -> None:
     params = answer_params(model_defaults(args.model), kv_mode="static", top_k=args.chunks, auto_k=False)
     rows, summary = [], {}
     for variant in NIAH_VARIANT_WEIGHTS:
-        sampler = task_sampler(args.data / "corpus.pt", args.model, layout, SEED,
-                               {"niah": 1, "kv_retrieval": 0, "hotpot": 0, "which_document": 0},
-                               {v: float(v == variant) for v in NIAH_VARIANT_WEIGHTS})
+        sampler = task_sampler(args.data / "corpus.pt", args.model, layout, SEED, SamplerOptions(
+            {"niah": 1, "kv_retrieval": 0, "hotpot": 0, "which_document": 0},
+            {v: float(v == variant) for v in NIAH_VARIANT_WEIGHTS}))
         scores = []
         for _ in range(args.per_variant):
             example = sampler.niah(args.chunks)

@@ -27,7 +27,15 @@ from torch.profiler import ProfilerActivity, profile
 from engine.model.transformer import DiffusionLM
 from engine.model.weights import load_model, read_model_config
 from training.tasks import NIAH_VARIANT_WEIGHTS, TASK_WEIGHTS, collate
-from training.train import CHUNK_SIZE, CURRICULUM, diffusion_loss, make_layout, task_sampler, training_runner
+from training.train import (
+    CHUNK_SIZE,
+    CURRICULUM,
+    SamplerOptions,
+    diffusion_loss,
+    make_layout,
+    task_sampler,
+    training_runner,
+)
 
 KERNELS = {"efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
            "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
@@ -36,7 +44,8 @@ KERNELS = {"efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDN
 def draw_batches(data: Path, model_dir: Path, cfg, n: int, batch_size: int, seed: int) -> list[dict]:
     """n batches of the last curriculum stage, as the training's workers make them."""
     layout = make_layout(model_dir, cfg)
-    sampler = task_sampler(data / "corpus.pt", model_dir, layout, seed, dict(TASK_WEIGHTS), dict(NIAH_VARIANT_WEIGHTS))
+    sampler = task_sampler(data / "corpus.pt", model_dir, layout, seed,
+                           SamplerOptions(dict(TASK_WEIGHTS), dict(NIAH_VARIANT_WEIGHTS)))
     rng = random.Random(seed)
     ks = CURRICULUM[-1][1]
     return [collate([sampler.sample(rng.choice(ks)) for _ in range(batch_size)], layout, CHUNK_SIZE,

@@ -67,6 +67,9 @@ LOOKUP_NOT_FOUND_SHARE = 0.15
 # Of the near misses of a question with passages of its own document besides (written_qa), the share
 # shown one of those; the others show the passage's own sentences without the answer.
 NEAR_PASSAGE_SHARE = 0.5
+# A passage shorter than a chunk by fewer tokens than this is not filled (a sentence or two of
+# filler would be cut to a fragment).
+MIN_FILL = 8
 # lookup_near asks a list family this share of the time (the table's 7 training list families are
 # 4% of plain lookups; on the held-out sets a list question is the likeliest miss).
 LOOKUP_NEAR_LIST_SHARE = 0.3
@@ -113,7 +116,7 @@ class TaskSampler:
                  reword_share: float = 0.0, synonyms: Mapping[str, Sequence[str]] | None = None,
                  decoy_share: float = 0.0, answerable_decoy_share: float = 0.0,
                  written_not_found_share: float = LOOKUP_NOT_FOUND_SHARE,
-                 written_unanswered_share: float = 0.0) -> None:
+                 written_unanswered_share: float = 0.0, filled_context_share: float = 0.0) -> None:
         self.rng = random.Random(seed)
         # Of sentence_qa's and parsed_qa's questions, the share reworded as people ask
         # (training.reworded_questions, with `synonyms` from training.synonyms; written_qa's are
@@ -163,6 +166,15 @@ class TaskSampler:
         if not 0.0 <= written_unanswered_share <= 1.0:
             raise ValueError(f"written_unanswered_share must be within [0, 1], got {written_unanswered_share}")
         self.written_unanswered_share = written_unanswered_share
+        # Of the passages the reading tasks show (sentence_qa's, parsed_qa's and written_qa's context,
+        # a near miss's sentences, a near passage), the share placed among real text that fills their
+        # chunk, as every chunk but a document's last is full at inference. A passage alone is 15-125
+        # tokens (median 50-64) of a 127-token chunk: shown only so, "the short chunk holds the
+        # answer" is learned, and a PDF's full chunks are read as no passage seen in training. 0
+        # draws the stream of the runs before it existed.
+        if not 0.0 <= filled_context_share <= 1.0:
+            raise ValueError(f"filled_context_share must be within [0, 1], got {filled_context_share}")
+        self.filled_context_share = filled_context_share
         # How many keys a multi-query question asks for, drawn uniformly from this list; None draws
         # 2-4 uniformly (the default stream). RULER's niah_multiquery always asks for 4.
         if multiquery_keys is not None and (not multiquery_keys or any(not 1 <= n <= 4 for n in multiquery_keys)):
@@ -560,7 +572,7 @@ class TaskSampler:
         item = r.choice(by_group[r.choice(sorted(by_group))])
         if self.written_unanswered_share and item.get("unanswered") and r.random() < self.written_unanswered_share:
             chunks = [self._chunk_with([], "text") for _ in range(k)]
-            chunks[r.randrange(k)] = self.encode(" " + item["context"])[: self.c - 1]
+            chunks[r.randrange(k)] = self._placed(self.encode(" " + item["context"])[: self.c - 1])
             return Example(chunks, self.encode(r.choice(item["unanswered"])), self._answer(relations.NOT_FOUND))
         mates = [m["context"] for m in self.written_by_document[item["document"]]
                  if m is not item and item["answer"] not in m["context"]]
@@ -582,10 +594,10 @@ class TaskSampler:
         if answerable:
             if self.answerable_decoy_share and r.random() < self.answerable_decoy_share:
                 context = self._with_decoy(item, context, r)
-            chunks[r.randrange(k)] = context
+            chunks[r.randrange(k)] = self._placed(context)
         elif self.near_miss_share and r.random() < self.near_miss_share:
             if near_passages and r.random() < NEAR_PASSAGE_SHARE:
-                chunks[r.randrange(k)] = self.encode(" " + r.choice(near_passages))[: self.c - 1]
+                chunks[r.randrange(k)] = self._placed(self.encode(" " + r.choice(near_passages))[: self.c - 1])
                 return self._asked(item, chunks, relations.NOT_FOUND, reword)
             rest = [s for s in split_sentences(item["context"]) if item["answer"] not in s]
             # A passage whose every sentence holds the answer leaves nothing on topic to hide a decoy in.
@@ -594,8 +606,17 @@ class TaskSampler:
                 if decoy is not None:
                     rest.insert(r.randrange(len(rest) + 1), decoy)
             if rest:
-                chunks[r.randrange(k)] = self.encode(" " + " ".join(rest))[: self.c - 1]
+                chunks[r.randrange(k)] = self._placed(self.encode(" " + " ".join(rest))[: self.c - 1])
         return self._asked(item, chunks, item["answer"] if answerable else relations.NOT_FOUND, reword)
+
+    def _placed(self, passage: list[int]) -> list[int]:
+        """`passage` (tokens, at most a chunk's C-1) as a chunk: `filled_context_share` of the time
+        among real paragraphs that fill it to C-1 tokens (the passage whole, at a boundary between
+        them), else alone. A passage within MIN_FILL tokens of a full chunk stays as it is."""
+        if self.filled_context_share and len(passage) <= self.c - 1 - MIN_FILL \
+                and self.rng.random() < self.filled_context_share:
+            return self._chunk_with([passage], "text")
+        return passage
 
     def _asked(self, item: dict, chunks: list[list[int]], answer: str, reword: bool) -> Example:
         """`item`'s question, one of its wordings (reworded, `reword_share` of the time if `reword`),

@@ -124,51 +124,55 @@ class RewordingOption:
     synonyms: Path
 
 
-def task_sampler(corpus_path: Path, model_dir: Path, layout: Layout, seed: int, task_weights: dict[str, float],
-                 niah_variant_weights: dict[str, float], multiquery_keys: tuple[int, ...] | None = None,
-                 near_miss_share: float = 0.0, rewording: RewordingOption | None = None,
-                 decoy_share: float = 0.0, answerable_decoy_share: float = 0.0,
-                 written_not_found_share: float = LOOKUP_NOT_FOUND_SHARE,
-                 written_unanswered_share: float = 0.0) -> TaskSampler:
+@dataclasses.dataclass(frozen=True)
+class SamplerOptions:
+    """What a run's command line sets of its examples: TaskSampler's task and NIAH variant weights
+    and its shares (each documented there), and the rewording's synonyms."""
+
+    task_weights: dict[str, float]
+    niah_variant_weights: dict[str, float]
+    multiquery_keys: tuple[int, ...] | None = None
+    near_miss_share: float = 0.0
+    rewording: RewordingOption | None = None
+    decoy_share: float = 0.0
+    answerable_decoy_share: float = 0.0
+    written_not_found_share: float = LOOKUP_NOT_FOUND_SHARE
+    written_unanswered_share: float = 0.0
+    filled_context_share: float = 0.0
+
+
+def task_sampler(corpus_path: Path, model_dir: Path, layout: Layout, seed: int,
+                 options: SamplerOptions) -> TaskSampler:
     """The training's example source: the prepared corpus, the model's tokenizer, chunks of
     CHUNK_SIZE and answers of ANSWER_LEN tokens."""
     corpus = torch.load(corpus_path, weights_only=False)
-    if task_weights.get("written_qa"):  # tracked beside the code, not in the prepared corpus
+    if options.task_weights.get("written_qa"):  # tracked beside the code, not in the prepared corpus
         corpus["written_questions"] = training_items(read_written_questions())
     tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    rewording = options.rewording
     return TaskSampler(corpus, lambda s: tok.encode(s).ids, tok.decode, layout, CHUNK_SIZE, ANSWER_LEN, seed=seed,
-                       task_weights=task_weights, niah_variant_weights=niah_variant_weights,
-                       multiquery_keys=multiquery_keys, near_miss_share=near_miss_share,
+                       task_weights=options.task_weights, niah_variant_weights=options.niah_variant_weights,
+                       multiquery_keys=options.multiquery_keys, near_miss_share=options.near_miss_share,
                        reword_share=rewording.share if rewording else 0.0,
                        synonyms=read_synonyms(rewording.synonyms) if rewording else None,
-                       decoy_share=decoy_share, answerable_decoy_share=answerable_decoy_share,
-                       written_not_found_share=written_not_found_share,
-                       written_unanswered_share=written_unanswered_share)
-
+                       decoy_share=options.decoy_share, answerable_decoy_share=options.answerable_decoy_share,
+                       written_not_found_share=options.written_not_found_share,
+                       written_unanswered_share=options.written_unanswered_share,
+                       filled_context_share=options.filled_context_share)
 
 
 class Batches(torch.utils.data.IterableDataset):
     """Endless batches; each worker has its own seeded sampler; the stage comes from a shared value."""
 
-    def __init__(self, corpus_path, model_dir, cfg, layout, batch_size, seed, stage, task_weights,
-                 niah_variant_weights, multiquery_keys=None, near_miss_share=0.0, rewording=None,
-                 decoy_share=0.0, answerable_decoy_share=0.0, written_not_found_share=LOOKUP_NOT_FOUND_SHARE,
-                 written_unanswered_share=0.0) -> None:
-        self.corpus_path, self.model_dir, self.cfg = corpus_path, model_dir, cfg
-        self.written_not_found_share, self.written_unanswered_share = written_not_found_share, written_unanswered_share
-        self.multiquery_keys, self.near_miss_share, self.rewording = multiquery_keys, near_miss_share, rewording
-        self.decoy_share, self.answerable_decoy_share = decoy_share, answerable_decoy_share
-        self.layout, self.batch_size, self.seed, self.stage = layout, batch_size, seed, stage
-        self.task_weights, self.niah_variant_weights = task_weights, niah_variant_weights
+    def __init__(self, corpus_path: Path, model_dir: Path, layout: Layout, batch_size: int, seed: int, stage,
+                 options: SamplerOptions) -> None:
+        self.corpus_path, self.model_dir, self.layout, self.options = corpus_path, model_dir, layout, options
+        self.batch_size, self.seed, self.stage = batch_size, seed, stage
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         wid = info.id if info else 0
-        sampler = task_sampler(self.corpus_path, self.model_dir, self.layout, self.seed * 1000 + wid,
-                               self.task_weights, self.niah_variant_weights, self.multiquery_keys,
-                               self.near_miss_share, self.rewording, self.decoy_share,
-                               self.answerable_decoy_share, self.written_not_found_share,
-                               self.written_unanswered_share)
+        sampler = task_sampler(self.corpus_path, self.model_dir, self.layout, self.seed * 1000 + wid, self.options)
         rng = random.Random(self.seed * 7919 + wid)
         while True:
             ks = CURRICULUM[self.stage.value][1]
@@ -319,6 +323,10 @@ def main() -> None:
                     help="of written_qa's examples of items with unanswered questions, the share asking one "
                          "over the item's whole passage (\"not found\"; drawn before --written-not-found-share, "
                          "which applies to the rest; default 0: none)")
+    ap.add_argument("--filled-context-share", type=_share, default=0.0,
+                    help="of the passages sentence_qa, parsed_qa and written_qa show, the share placed among "
+                         "real text that fills their chunk, as a document's chunks are at inference (default 0: "
+                         "each alone in a shorter chunk)")
     ap.add_argument("--reword-share", type=_share, default=0.0,
                     help="of sentence_qa's and parsed_qa's questions, the share reworded as people ask "
                          "(training.reworded_questions; needs --synonyms; default 0: none)")
@@ -387,11 +395,11 @@ def main() -> None:
     # single-GPU run's, so one GPU reproduces the earlier runs).
     data_seed = args.seed + step + 1_000_003 * rank
     data = torch.utils.data.DataLoader(
-        Batches(args.data / "corpus.pt", args.model_dir, cfg, layout, args.batch_size, data_seed, stage,
-                args.task_weights, args.niah_variant_weights, args.multiquery_keys, args.near_miss_share,
-                RewordingOption(args.reword_share, args.synonyms) if args.reword_share else None,
-                args.decoy_share, args.answerable_decoy_share, args.written_not_found_share,
-                args.written_unanswered_share),
+        Batches(args.data / "corpus.pt", args.model_dir, layout, args.batch_size, data_seed, stage, SamplerOptions(
+            args.task_weights, args.niah_variant_weights, args.multiquery_keys, args.near_miss_share,
+            RewordingOption(args.reword_share, args.synonyms) if args.reword_share else None,
+            args.decoy_share, args.answerable_decoy_share, args.written_not_found_share,
+            args.written_unanswered_share, args.filled_context_share)),
         batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0,
         prefetch_factor=4 if args.workers > 0 else None, pin_memory=device.type == "cuda")
     gen = torch.Generator(device=device).manual_seed(data_seed)
@@ -473,6 +481,7 @@ def main() -> None:
             "answerable_decoy_share": args.answerable_decoy_share,
             "written_not_found_share": args.written_not_found_share,
             "written_unanswered_share": args.written_unanswered_share,
+            "filled_context_share": args.filled_context_share,
             "written_questions_sha256": written_questions_digest() if args.task_weights.get("written_qa") else None,
             "init_from": init_from, "start_stage": start_stage,
             "pool_kv_heads": args.pool_kv_heads,

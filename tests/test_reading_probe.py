@@ -71,8 +71,9 @@ def test_the_summary_counts_right_per_kind_held_out_first():
     rows = [row, rp.ProbeRow("m", True, rp.KINDS[0], "q", "a", "not found", False),
             rp.ProbeRow("s", False, "cloze", "q", "a", "a", True)]
     lines = rp.summarize(rows).splitlines()
-    assert lines[2] == "| held-out | 1/2 (50%) | - | - | - | - | - | - |"
-    assert lines[3] == "| seen | - | - | 1/1 (100%) | - | - | - | - |"
+    assert lines[0] == "| sources | rule, training wording | cloze |"  # the kinds asked, in KINDS' order
+    assert lines[2] == "| held-out | 1/2 (50%) | - |"
+    assert lines[3] == "| seen | - | 1/1 (100%) |"
 
 
 @pytest.mark.slow

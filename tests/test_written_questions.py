@@ -217,9 +217,25 @@ def test_unanswered_written_questions_are_asked_over_their_whole_passage():
 def test_the_written_probe_asks_every_held_out_wording_and_a_sample_of_the_trained():
     held = WrittenQuestion(f"{HELD_OUT_GROUPS[0]}/lib", "The limit is 5 retries.", "5 retries",
                            ("how many times does it retry", "max retries?"), "number")
+    mate = WrittenQuestion(f"{HELD_OUT_GROUPS[0]}/lib", "Backoff doubles each time.", "doubles",
+                           ("how does the wait grow?",), "phrase")
+    other_page = WrittenQuestion(f"{HELD_OUT_GROUPS[0]}/other", "Logs rotate daily.", "daily",
+                                 ("how often do logs rotate?",), "phrase")
     seen = [WrittenQuestion("written-b/doc", f"Option {i} is -{i}.", f"-{i}", (f"flag {i}?", f"option {i}?"),
                             "identifier") for i in range(6)]
-    asked = rp.written_probe_questions([held, *seen], 2, random.Random(0))
+    every = rp.written_probe_questions([held, mate, other_page, *seen], 2, random.Random(0))
+    # Every held-out wording again over its page: the passages of its document, in order, joined.
+    in_page = [q for q in every if q.kind == rp.WRITTEN_IN_PAGE_KIND]
+    assert [(q.question, q.passage) for q in in_page] == [
+        ("how many times does it retry", "The limit is 5 retries. Backoff doubles each time."),
+        ("max retries?", "The limit is 5 retries. Backoff doubles each time."),
+        ("how does the wait grow?", "The limit is 5 retries. Backoff doubles each time."),
+        ("how often do logs rotate?", "Logs rotate daily.")]
+    assert [q for q in every if q.kind == "written"][:4] == [
+        rp.ProbeQuestion(HELD_OUT_GROUPS[0], "written", q.context, w, q.answer)
+        for q in (held, mate, other_page) for w in q.questions]
+    asked = [q for q in rp.written_probe_questions([held, *seen], 2, random.Random(0))
+             if q.kind != rp.WRITTEN_IN_PAGE_KIND]
     assert [(q.source, q.question) for q in asked[:2]] == [(HELD_OUT_GROUPS[0], "how many times does it retry"),
                                                           (HELD_OUT_GROUPS[0], "max retries?")]
     assert len(asked) == 4 and all(q.kind == "written" and q.answer in q.passage for q in asked)
@@ -229,6 +245,7 @@ def test_the_written_probe_asks_every_held_out_wording_and_a_sample_of_the_train
     seen = [dataclasses.replace(q, unanswered=(f"long form of {i}?", "x?")) for i, q in enumerate(seen)]
     with_unanswered = rp.written_probe_questions([held, *seen], 2, random.Random(0))
     assert [q for q in with_unanswered if q.kind == rp.WRITTEN_KIND] == asked  # the same sample drawn
+    assert not any(q.kind == rp.WRITTEN_IN_PAGE_KIND and q.answer == "" for q in with_unanswered)
     unanswered = [q for q in with_unanswered if q.kind == rp.WRITTEN_UNANSWERED_KIND]
     assert [q.question for q in unanswered[:2]] == ["which backoff does it use?", "who wrote it?"]
     assert len(unanswered) == 4 and all(q.answer == "" for q in unanswered)
@@ -250,13 +267,15 @@ def test_the_written_probe_reads_through_the_app(tmp_path):
                     progress=lambda line: None)
     assert [(r.source, r.held_out, r.kind) for r in rows] == [(HELD_OUT_GROUPS[0], True, "written"),
                                                              (HELD_OUT_GROUPS[0], True, "written, unanswered"),
-                                                             ("written-b", False, "written")]
+                                                             ("written-b", False, "written"),
+                                                             (HELD_OUT_GROUPS[0], True, "written, in its page")]
     assert all(r.right == (holds_answer(r.shown, [r.answer]) if r.answer else abstains(r.shown, "not found"))
                for r in rows)
     summary = (tmp_path / "out" / "summary.md").read_text()
     held_row = next(line for line in summary.splitlines() if line.startswith("| held-out |"))
-    assert held_row.endswith(f"| {int(rows[1].right)}/1 ({int(rows[1].right):.0%}) |")
-    assert "| written | written, unanswered |" in summary and "| seen |" in summary
+    assert held_row.endswith(f"| {int(rows[1].right)}/1 ({int(rows[1].right):.0%}) | {int(rows[3].right)}/1 "
+                             f"({int(rows[3].right):.0%}) |")
+    assert "| written | written, unanswered | written, in its page |" in summary and "| seen |" in summary
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["written"] == sorted([HELD_OUT_GROUPS[0], "written-b"])
 

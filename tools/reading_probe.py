@@ -29,6 +29,10 @@ type, written over passages of installed manuals, every wording of the held-out 
 questions never trained on; its text, like a seen PDF's, in the corpus) and a sample of the trained;
 and (kind `written, unanswered`) the items' questions on the passage's topic that it does not
 answer, right where the model says so ("not found"), not where it makes up a value from the page.
+Kind `written, in its page` asks the held-out wordings again over the passage among the other
+written passages of its page (1-5 full chunks, all read), as a page of a PDF holds it: whether the
+reading survives chunks full of other options, values and names. (The unanswered questions are not
+asked there: another passage of the page may answer them.)
 """
 
 from __future__ import annotations
@@ -50,8 +54,9 @@ from training.written_questions import WrittenQuestion
 
 WRITTEN_KIND = "written"
 WRITTEN_UNANSWERED_KIND = "written, unanswered"
+WRITTEN_IN_PAGE_KIND = "written, in its page"
 KINDS = ("rule, training wording", "rule, held-out wording", "cloze", "parsed", "parsed, reworded", WRITTEN_KIND,
-         WRITTEN_UNANSWERED_KIND)
+         WRITTEN_UNANSWERED_KIND, WRITTEN_IN_PAGE_KIND)
 CONTEXT_CHARS = 450  # a question's context, as the training tasks cut it: it fits one chunk
 MIN_PARAGRAPH_CHARS = 80  # shorter blocks of a PDF's text are headings, page numbers, table cells
 
@@ -146,27 +151,34 @@ def written_probe_questions(items: list[WrittenQuestion], per_group: int, rng: r
     each training collection `per_group` items drawn by `rng`, in their first wording (how well
     questions the training asked are read: against the held-out row, what memorising is worth);
     after each collection's answerable questions, its unanswered ones the same way (all of a
-    held-out item's, a sampled trained item's first)."""
+    held-out item's, a sampled trained item's first); last, every held-out wording again over the
+    item's page: the passages of its document (`source`), in the items' order, joined."""
     held = [q for q in items if q.held_out]
     asked = [ProbeQuestion(q.group, WRITTEN_KIND, q.context, wording, q.answer)
              for q in held for wording in q.questions]
     asked += [ProbeQuestion(q.group, WRITTEN_UNANSWERED_KIND, q.context, wording, "")
               for q in held for wording in q.unanswered]
+    pages: dict[str, list[str]] = {}
+    for q in held:
+        pages.setdefault(q.source, []).append(q.context)
     for group in sorted({q.group for q in items if not q.held_out}):
         in_group = [q for q in items if q.group == group]
         members = rng.sample(in_group, min(per_group, len(in_group)))
         asked += [ProbeQuestion(group, WRITTEN_KIND, q.context, q.questions[0], q.answer) for q in members]
         asked += [ProbeQuestion(group, WRITTEN_UNANSWERED_KIND, q.context, q.unanswered[0], "")
                   for q in members if q.unanswered]
+    asked += [ProbeQuestion(q.group, WRITTEN_IN_PAGE_KIND, " ".join(pages[q.source]), wording, q.answer)
+              for q in held for wording in q.questions]
     return asked
 
 
 def summarize(rows: list[ProbeRow]) -> str:
-    """A markdown table: right / asked per kind, held-out sources first, then seen."""
-    lines = ["| sources | " + " | ".join(KINDS) + " |", "|---|" + "---|" * len(KINDS)]
+    """A markdown table: right / asked per kind asked (in KINDS' order), held-out sources first, then seen."""
+    kinds = [kind for kind in KINDS if any(r.kind == kind for r in rows)]
+    lines = ["| sources | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
     for held_out, label in ((True, "held-out"), (False, "seen")):
         cells = []
-        for kind in KINDS:
+        for kind in kinds:
             picked = [r for r in rows if r.held_out == held_out and r.kind == kind]
             right = sum(r.right for r in picked)
             cells.append(f"{right}/{len(picked)} ({right / len(picked):.0%})" if picked else "-")

@@ -1,9 +1,9 @@
 #!/bin/bash
 # Run 34 after task-training.sh's second call, on one GPU (int8, quantized here from the bf16
 # weights task-training.sh left in /tmp/next34 on this warm machine), the model's defaults
-# (confirmation on), static mode, BM25 prefilter 64: the written questions of the held-out
-# collection and their unanswered questions, each read over its passage alone
-# (`probe-reading --written`), then the held-out sets at 4K on seeds 61 and 67 (15 a cell).
+# (confirmation on), static mode, BM25 prefilter 64: the held-out
+# sets at 4K on seeds 61 and 67 (15 a cell), then the written questions of the held-out
+# collection, their unanswered ones and the held-out wordings over their page (`probe-reading --written`).
 # Results: evals.tar.gz into $OUT. Carry .whl .ruler-data/s61 .ruler-data/s67.
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
@@ -29,6 +29,6 @@ written() {  # name model
   tar -C /tmp/ev -czf $OUT/evals.tar.gz .
 }
 HELD="lookup_family lookup_paraphrase lookup_framing no_answer niah_absent_key niah_single_1 niah_multivalue"
-written run34-written /tmp/run34-int8
 run run34-s61-4k /tmp/run34-int8 .ruler-data/s61 "$HELD qa_1 qa_2" 4096
 run run34-s67-4k /tmp/run34-int8 .ruler-data/s67 "$HELD" 4096
+written run34-written /tmp/run34-int8

@@ -42,8 +42,8 @@ def main() -> None:
     rows, summary = [], {}
     for variant in NIAH_VARIANT_WEIGHTS:
         sampler = task_sampler(args.data / "corpus.pt", args.model, layout, SEED, SamplerOptions(
-            {"niah": 1, "kv_retrieval": 0, "hotpot": 0, "which_document": 0},
-            {v: float(v == variant) for v in NIAH_VARIANT_WEIGHTS}))
+            task_weights={"niah": 1, "kv_retrieval": 0, "hotpot": 0, "which_document": 0},
+            niah_variant_weights={v: float(v == variant) for v in NIAH_VARIANT_WEIGHTS}))
         scores = []
         for _ in range(args.per_variant):
             example = sampler.niah(args.chunks)

@@ -30,9 +30,11 @@ questions never trained on; its text, like a seen PDF's, in the corpus) and a sa
 and (kind `written, unanswered`) the items' questions on the passage's topic that it does not
 answer, right where the model says so ("not found"), not where it makes up a value from the page.
 Kind `written, in its page` asks the held-out wordings again over the passage among the other
-written passages of its page (1-5 full chunks, all read), as a page of a PDF holds it: whether the
-reading survives chunks full of other options, values and names. (The unanswered questions are not
-asked there: another passage of the page may answer them.)
+written passages of its document, joined in the file's order (86-534 tokens: 1-5 chunks, all read):
+whether the reading survives chunks full of other options, values and names, as a PDF's page has
+them. Its "right" cannot tell which passage was read where another passage of the page holds the
+same answer text (27 of the 456 wordings). The unanswered questions are not asked there: another
+passage of the page may answer them.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ MIN_PARAGRAPH_CHARS = 80  # shorter blocks of a PDF's text are headings, page nu
 class ProbeQuestion:
     source: str
     kind: str  # one of KINDS
-    passage: str  # the question's sentence with its neighbours, read alone
+    passage: str  # what is read: the question's sentence with its neighbours, or its page's passages joined
     question: str
     answer: str  # a span of `passage`; "" where the passage does not answer (right: "not found")
 

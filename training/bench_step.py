@@ -45,7 +45,8 @@ def draw_batches(data: Path, model_dir: Path, cfg, n: int, batch_size: int, seed
     """n batches of the last curriculum stage, as the training's workers make them."""
     layout = make_layout(model_dir, cfg)
     sampler = task_sampler(data / "corpus.pt", model_dir, layout, seed,
-                           SamplerOptions(dict(TASK_WEIGHTS), dict(NIAH_VARIANT_WEIGHTS)))
+                           SamplerOptions(task_weights=dict(TASK_WEIGHTS),
+                                          niah_variant_weights=dict(NIAH_VARIANT_WEIGHTS)))
     rng = random.Random(seed)
     ks = CURRICULUM[-1][1]
     return [collate([sampler.sample(rng.choice(ks)) for _ in range(batch_size)], layout, CHUNK_SIZE,

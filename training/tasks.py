@@ -168,10 +168,11 @@ class TaskSampler:
         self.written_unanswered_share = written_unanswered_share
         # Of the passages the reading tasks show (sentence_qa's, parsed_qa's and written_qa's context,
         # a near miss's sentences, a near passage), the share placed among real text that fills their
-        # chunk, as every chunk but a document's last is full at inference. A passage alone is 15-125
-        # tokens (median 50-64) of a 127-token chunk: shown only so, "the short chunk holds the
-        # answer" is learned, and a PDF's full chunks are read as no passage seen in training. 0
-        # draws the stream of the runs before it existed.
+        # chunk, as every chunk but a document's last is full at inference (a passage within MIN_FILL
+        # tokens of a full chunk stays as it is). A passage alone has a median of 50-64 tokens of a
+        # 127-token chunk: shown only so, "the short chunk holds the answer" is learned, and a PDF's
+        # full chunks are read as no passage seen in training. 0 draws the stream of the runs before
+        # it existed.
         if not 0.0 <= filled_context_share <= 1.0:
             raise ValueError(f"filled_context_share must be within [0, 1], got {filled_context_share}")
         self.filled_context_share = filled_context_share
@@ -572,7 +573,7 @@ class TaskSampler:
         item = r.choice(by_group[r.choice(sorted(by_group))])
         if self.written_unanswered_share and item.get("unanswered") and r.random() < self.written_unanswered_share:
             chunks = [self._chunk_with([], "text") for _ in range(k)]
-            chunks[r.randrange(k)] = self._placed(self.encode(" " + item["context"])[: self.c - 1])
+            chunks[r.randrange(k)] = self._as_chunk(self.encode(" " + item["context"])[: self.c - 1])
             return Example(chunks, self.encode(r.choice(item["unanswered"])), self._answer(relations.NOT_FOUND))
         mates = [m["context"] for m in self.written_by_document[item["document"]]
                  if m is not item and item["answer"] not in m["context"]]
@@ -594,10 +595,10 @@ class TaskSampler:
         if answerable:
             if self.answerable_decoy_share and r.random() < self.answerable_decoy_share:
                 context = self._with_decoy(item, context, r)
-            chunks[r.randrange(k)] = self._placed(context)
+            chunks[r.randrange(k)] = self._as_chunk(context)
         elif self.near_miss_share and r.random() < self.near_miss_share:
             if near_passages and r.random() < NEAR_PASSAGE_SHARE:
-                chunks[r.randrange(k)] = self._placed(self.encode(" " + r.choice(near_passages))[: self.c - 1])
+                chunks[r.randrange(k)] = self._as_chunk(self.encode(" " + r.choice(near_passages))[: self.c - 1])
                 return self._asked(item, chunks, relations.NOT_FOUND, reword)
             rest = [s for s in split_sentences(item["context"]) if item["answer"] not in s]
             # A passage whose every sentence holds the answer leaves nothing on topic to hide a decoy in.
@@ -606,10 +607,10 @@ class TaskSampler:
                 if decoy is not None:
                     rest.insert(r.randrange(len(rest) + 1), decoy)
             if rest:
-                chunks[r.randrange(k)] = self._placed(self.encode(" " + " ".join(rest))[: self.c - 1])
+                chunks[r.randrange(k)] = self._as_chunk(self.encode(" " + " ".join(rest))[: self.c - 1])
         return self._asked(item, chunks, item["answer"] if answerable else relations.NOT_FOUND, reword)
 
-    def _placed(self, passage: list[int]) -> list[int]:
+    def _as_chunk(self, passage: list[int]) -> list[int]:
         """`passage` (tokens, at most a chunk's C-1) as a chunk: `filled_context_share` of the time
         among real paragraphs that fill it to C-1 tokens (the passage whole, at a boundary between
         them), else alone. A passage within MIN_FILL tokens of a full chunk stays as it is."""

@@ -48,6 +48,7 @@ from engine.runner import Runner
 from training.synonyms import read_synonyms
 from training.tasks import (
     LOOKUP_NOT_FOUND_SHARE,
+    MIN_FILL,
     NIAH_VARIANT_WEIGHTS,
     TASK_WEIGHTS,
     Layout,
@@ -124,7 +125,7 @@ class RewordingOption:
     synonyms: Path
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplerOptions:
     """What a run's command line sets of its examples: TaskSampler's task and NIAH variant weights
     and its shares (each documented there), and the rewording's synonyms."""
@@ -325,8 +326,8 @@ def main() -> None:
                          "which applies to the rest; default 0: none)")
     ap.add_argument("--filled-context-share", type=_share, default=0.0,
                     help="of the passages sentence_qa, parsed_qa and written_qa show, the share placed among "
-                         "real text that fills their chunk, as a document's chunks are at inference (default 0: "
-                         "each alone in a shorter chunk)")
+                         "real text that fills their chunk, as a document's chunks are at inference (one within "
+                         f"{MIN_FILL} tokens of a full chunk stays as it is; default 0: each alone in a shorter chunk)")
     ap.add_argument("--reword-share", type=_share, default=0.0,
                     help="of sentence_qa's and parsed_qa's questions, the share reworded as people ask "
                          "(training.reworded_questions; needs --synonyms; default 0: none)")
@@ -396,10 +397,13 @@ def main() -> None:
     data_seed = args.seed + step + 1_000_003 * rank
     data = torch.utils.data.DataLoader(
         Batches(args.data / "corpus.pt", args.model_dir, layout, args.batch_size, data_seed, stage, SamplerOptions(
-            args.task_weights, args.niah_variant_weights, args.multiquery_keys, args.near_miss_share,
-            RewordingOption(args.reword_share, args.synonyms) if args.reword_share else None,
-            args.decoy_share, args.answerable_decoy_share, args.written_not_found_share,
-            args.written_unanswered_share, args.filled_context_share)),
+            task_weights=args.task_weights, niah_variant_weights=args.niah_variant_weights,
+            multiquery_keys=args.multiquery_keys, near_miss_share=args.near_miss_share,
+            rewording=RewordingOption(args.reword_share, args.synonyms) if args.reword_share else None,
+            decoy_share=args.decoy_share, answerable_decoy_share=args.answerable_decoy_share,
+            written_not_found_share=args.written_not_found_share,
+            written_unanswered_share=args.written_unanswered_share,
+            filled_context_share=args.filled_context_share)),
         batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0,
         prefetch_factor=4 if args.workers > 0 else None, pin_memory=device.type == "cuda")
     gen = torch.Generator(device=device).manual_seed(data_seed)

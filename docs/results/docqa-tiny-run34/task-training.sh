@@ -1,9 +1,9 @@
 #!/bin/bash
-# Run 34 (2026-12-07, one GPU): run 33's mix and schedule from run 28's weights (int8, the shipped
-# model, in .device-data/init28), with the reading tasks' passages (sentence_qa, parsed_qa,
-# written_qa: the answering passage, a near miss's, an unanswered question's) placed among real text
-# that fills their chunk 80% of the time (--filled-context-share 0.8). Until now such a passage
-# stood alone in a chunk of its own length (median 50-64 of 127 tokens), where at inference every
+# Run 34 (2026-12-07, one GPU): run 33's mix and seed (10 min of 10, run 33's 10 of 10.5) from
+# run 28's weights (int8, the shipped model, in .device-data/init28), with the reading tasks'
+# passages (sentence_qa, parsed_qa, written_qa: the answering passage, a near miss's, an unanswered
+# question's) placed among real text that fills their chunk 80% of the time
+# (--filled-context-share 0.8). Before this run such a passage stood alone in a chunk of its own length (median 50-64 of 127 tokens), where at inference every
 # chunk but a document's last is full: run 33 learned to read people's questions over a passage
 # alone (held-out written 2 -> 12%) but made up 25 answers on the PDFs' full, number-dense chunks.
 # Two calls on the same warm machine: `MIN=7.5 TOTAL=10 bash task-training.sh`, then

@@ -312,7 +312,7 @@ def test_filled_context_share_places_passages_among_text_that_fills_their_chunk(
         question, text = TOK.decode(ex.question_ids), [TOK.decode(c) for c in ex.chunks]
         answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
         asked = next(q for q in items if question in q.questions + q.unanswered)
-        shown = [t for t in text if "Tool" in t]
+        shown = [t for t in text if any(x in t for q in items for x in split_sentences(q.context))]
         assert len(shown) <= 1 and all(len(c) == CHUNK - 1 for c in ex.chunks)
         if answer != "not found":
             assert answer == asked.answer and shown and asked.context in shown[0]
@@ -324,7 +324,7 @@ def test_filled_context_share_places_passages_among_text_that_fills_their_chunk(
             assert any(q.context in shown[0] for q in items) or rest in shown[0]
             assert question in asked.unanswered or asked.answer not in shown[0]
             seen["not found, passage shown"] += 1
-    assert seen["answered"] > 50 and seen["not found, passage shown"] > 30
+    assert seen["answered"] > 50 and seen["not found, passage shown"] > 50
     digest = hashlib.sha256()
     plain = sampler(8)
     for _ in range(100):

@@ -333,3 +333,53 @@ def test_filled_context_share_places_passages_among_text_that_fills_their_chunk(
     assert digest.hexdigest() == "7ad404de00ced8039f86cb8fa71736c723434042a809f7aef023109c0499fc4a"
     with pytest.raises(ValueError, match="filled_context_share"):
         sampler(0, filled_context_share=2.0)
+
+
+def test_written_page_share_reads_a_passage_among_its_documents_other_passages():
+    """With `written_page_share` 1, a written passage asked about (answerable, or for an unanswered
+    question) stands whole between the passages its document has before and after it, in the file's
+    order, cut to the chunk around it; beside an unanswered question stands no passage naming one of
+    its subject words ("daemon" here). Another document's passages never stand beside it."""
+    first = WrittenQuestion("written-b/tool", "Tool reads its settings from /etc/tool.conf at start.", "/etc/tool.conf",
+                            ("where are settings read from?",), "identifier")
+    asked = WrittenQuestion("written-b/tool", "Tool waits 30 seconds before it retries.", "30 seconds",
+                            ("how long between retries?",), "number", ("how many retries before the daemon quits?",))
+    last = WrittenQuestion("written-b/tool", "The daemon writes one line per request to its access log.",
+                           "one line per request", ("what does the access log hold?",), "phrase")
+    other = WrittenQuestion("written-a/other", "Other keeps 12 log files.", "12 log files",
+                            ("how many logs are kept?",), "number")
+    items = [first, asked, last, other]
+    layout = make_layout(BUNDLED_MODEL, model_config(TOK))
+    page = f"{first.context} {asked.context} {last.context}"
+    for chunk in (CHUNK, 24):
+        sampler = TaskSampler(_text_corpus(training_items(items)), lambda s: TOK.encode(s).ids, TOK.decode, layout,
+                              chunk, 64, seed=9, task_weights={"written_qa": 1}, written_not_found_share=0.0,
+                              written_unanswered_share=0.5, written_page_share=1.0)
+        seen = {"answered": 0, "unanswered": 0}
+        for _ in range(200):
+            ex = sampler.sample(2, scoring_share=0.0)
+            question = TOK.decode(ex.question_ids)
+            answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+            item = next(q for q in items if question in q.questions + q.unanswered)
+            shown = next(TOK.decode(c) for c in ex.chunks if item.context in TOK.decode(c))
+            assert "Other keeps" not in shown or item is other
+            if item is other:
+                continue
+            assert len(TOK.encode(shown).ids) <= chunk - 1
+            if question in item.unanswered:
+                seen["unanswered"] += 1
+                assert answer == "not found" and "daemon" not in shown
+                if chunk == CHUNK:
+                    assert shown.strip() == f"{first.context} {asked.context}"
+            else:
+                seen["answered"] += 1
+                assert answer == item.answer
+                if chunk == CHUNK:
+                    assert shown.strip() == page
+                else:  # a window of the page around the passage: what it has of the page, in order
+                    at = page.index(item.context)
+                    assert len(TOK.encode(shown).ids) == chunk - 1 and shown.strip() in page[max(0, at - 60):]
+        assert seen["answered"] > 50 and seen["unanswered"] > 8
+    with pytest.raises(ValueError, match="written_page_share"):
+        TaskSampler(_text_corpus(training_items(items)), lambda s: TOK.encode(s).ids, TOK.decode, layout, CHUNK,
+                    64, seed=0, task_weights={"written_qa": 1}, written_page_share=-1.0)

@@ -44,12 +44,18 @@ def subject_words(questions: Iterable[str]) -> frozenset[str]:
     return frozenset(w for q in questions for w in _WORD.findall(q.lower()) if w not in _QUESTION_WORDS)
 
 
+def names_none_of(text: str, avoid: frozenset[str]) -> bool:
+    """Whether `text` holds none of the words in `avoid` (a question's `subject_words`): then it is not
+    about what the question asks, and cannot answer it."""
+    return not avoid & set(_WORD.findall(text.lower()))
+
+
 def decoy_sentence(paragraph: str, kind: str, avoid: frozenset[str], answer: str,
                    rng: random.Random) -> str | None:
     """A sentence of `paragraph` to show beside an unanswerable question: prose holding a value of
     `kind`, none of the words in `avoid` (the question's subject words), not the question's `answer`;
     drawn with `rng` among those that qualify, or None."""
     candidates = [s for s in split_sentences(paragraph)
-                  if is_prose(s) and answer not in s and not avoid & set(_WORD.findall(s.lower()))
+                  if is_prose(s) and answer not in s and names_none_of(s, avoid)
                   and any(b.kind == kind for b in blanks(s))]
     return rng.choice(candidates) if candidates else None

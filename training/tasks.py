@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +30,7 @@ import torch
 from engine.method.sentences import split_sentences
 from training import relations
 from training.cloze_questions import cloze_example
-from training.decoy_values import decoy_sentence, subject_words, value_kind
+from training.decoy_values import decoy_sentence, names_none_of, subject_words, value_kind
 from training.reworded_questions import Rewording, one_token_words
 
 ROLE_PAD, ROLE_PREFIX, ROLE_CHUNK, ROLE_QUERY, ROLE_ANSWER = -1, 0, 1, 2, 3
@@ -116,7 +116,8 @@ class TaskSampler:
                  reword_share: float = 0.0, synonyms: Mapping[str, Sequence[str]] | None = None,
                  decoy_share: float = 0.0, answerable_decoy_share: float = 0.0,
                  written_not_found_share: float = LOOKUP_NOT_FOUND_SHARE,
-                 written_unanswered_share: float = 0.0, filled_context_share: float = 0.0) -> None:
+                 written_unanswered_share: float = 0.0, filled_context_share: float = 0.0,
+                 written_page_share: float = 0.0) -> None:
         self.rng = random.Random(seed)
         # Of sentence_qa's and parsed_qa's questions, the share reworded as people ask
         # (training.reworded_questions, with `synonyms` from training.synonyms; written_qa's are
@@ -176,6 +177,16 @@ class TaskSampler:
         if not 0.0 <= filled_context_share <= 1.0:
             raise ValueError(f"filled_context_share must be within [0, 1], got {filled_context_share}")
         self.filled_context_share = filled_context_share
+        # Of the passages written_qa shows for an answer or an unanswered question, the share placed
+        # among the other passages of their own document (before it those the file has before it,
+        # after it those after), as a manual's page holds a passage among its neighbours' options,
+        # values and names: people's questions are read far worse there than over the passage alone
+        # (probe-reading --written, `written, in its page`). Beside an unanswered question stand only
+        # passages naming none of its subject words: another might answer it. The rest are placed
+        # as filled_context_share says. 0 draws the stream of the runs before it existed.
+        if not 0.0 <= written_page_share <= 1.0:
+            raise ValueError(f"written_page_share must be within [0, 1], got {written_page_share}")
+        self.written_page_share = written_page_share
         # How many keys a multi-query question asks for, drawn uniformly from this list; None draws
         # 2-4 uniformly (the default stream). RULER's niah_multiquery always asks for 4.
         if multiquery_keys is not None and (not multiquery_keys or any(not 1 <= n <= 4 for n in multiquery_keys)):
@@ -573,20 +584,51 @@ class TaskSampler:
         item = r.choice(by_group[r.choice(sorted(by_group))])
         if self.written_unanswered_share and item.get("unanswered") and r.random() < self.written_unanswered_share:
             chunks = [self._chunk_with([], "text") for _ in range(k)]
-            chunks[r.randrange(k)] = self._as_chunk(self.encode(" " + item["context"])[: self.c - 1])
+            # Beside it in its page, no passage naming what any of its unanswered questions asks about.
+            chunks[r.randrange(k)] = self._written_as_chunk(item, self.encode(" " + item["context"])[: self.c - 1],
+                                                            subject_words(item["unanswered"]))
             return Example(chunks, self.encode(r.choice(item["unanswered"])), self._answer(relations.NOT_FOUND))
         mates = [m["context"] for m in self.written_by_document[item["document"]]
                  if m is not item and item["answer"] not in m["context"]]
         # Written as people ask already: not reworded by rule.
-        return self._asked_over_context(item, k, self.written_not_found_share, mates, reword=False)
+        return self._asked_over_context(item, k, self.written_not_found_share, mates, reword=False,
+                                        as_chunk=lambda passage: self._written_as_chunk(item, passage))
+
+    def _written_as_chunk(self, item: dict, passage: list[int], avoid: frozenset[str] = frozenset()) -> list[int]:
+        """`passage` (tokens of written `item`'s context) as a chunk: `written_page_share` of the time
+        among the other passages of its document that name none of `avoid` (`_in_page`), else as
+        `_as_chunk` places it."""
+        if self.written_page_share and self.rng.random() < self.written_page_share:
+            return self._in_page(item, passage, avoid)
+        return self._as_chunk(passage)
+
+    def _in_page(self, item: dict, passage: list[int], avoid: frozenset[str]) -> list[int]:
+        """`passage` whole, between the passages of `item`'s document the file has before it and
+        after it (those naming any of `avoid` left out), cut to C-1 tokens at a random point around
+        it; as it is where no other passage qualifies."""
+        page = self.written_by_document[item["document"]]
+        at = next(i for i, m in enumerate(page) if m is item)
+        before = " ".join(m["context"] for m in page[:at] if names_none_of(m["context"], avoid))
+        after = " ".join(m["context"] for m in page[at + 1:] if names_none_of(m["context"], avoid))
+        head = self.encode(" " + before) if before else []
+        tail = self.encode(" " + after) if after else []
+        room = self.c - 1 - len(passage)
+        if room <= 0 or not (head or tail):
+            return passage
+        # Tokens taken from before the passage: as many as leave the rest of the room to `tail`.
+        least, most = max(0, room - len(tail)), min(room, len(head))
+        taken = self.rng.randint(least, most) if least <= most else len(head)
+        return head[len(head) - taken:] + passage + tail[:room - taken]
 
     def _asked_over_context(self, item: dict, k: int, not_found_share: float = LOOKUP_NOT_FOUND_SHARE,
-                            near_passages: Sequence[str] = (), reword: bool = True) -> Example:
+                            near_passages: Sequence[str] = (), reword: bool = True,
+                            as_chunk: Callable[[list[int]], list[int]] | None = None) -> Example:
         """`item`'s question (one of its wordings; reworded `reword_share` of the time if `reword`)
         over its context in one of k chunks of real text; sometimes (`not_found_share`) the answer
         is "not found": the context left out, or (a near miss, `near_miss_share` of them) shown
         without the sentences that hold the answer, or, NEAR_PASSAGE_SHARE of the time where any are
-        given, as one of `near_passages` (on the question's topic, without its answer)."""
+        given, as one of `near_passages` (on the question's topic, without its answer). The answering
+        context is made a chunk by `as_chunk` (default `_as_chunk`), every other passage by `_as_chunk`."""
         r = self.rng
         chunks = [self._chunk_with([], "text") for _ in range(k)]
         context = self.encode(" " + item["context"])[: self.c - 1]
@@ -595,7 +637,7 @@ class TaskSampler:
         if answerable:
             if self.answerable_decoy_share and r.random() < self.answerable_decoy_share:
                 context = self._with_decoy(item, context, r)
-            chunks[r.randrange(k)] = self._as_chunk(context)
+            chunks[r.randrange(k)] = (as_chunk or self._as_chunk)(context)
         elif self.near_miss_share and r.random() < self.near_miss_share:
             if near_passages and r.random() < NEAR_PASSAGE_SHARE:
                 chunks[r.randrange(k)] = self._as_chunk(self.encode(" " + r.choice(near_passages))[: self.c - 1])

@@ -140,6 +140,7 @@ class SamplerOptions:
     written_not_found_share: float = LOOKUP_NOT_FOUND_SHARE
     written_unanswered_share: float = 0.0
     filled_context_share: float = 0.0
+    written_page_share: float = 0.0
 
 
 def task_sampler(corpus_path: Path, model_dir: Path, layout: Layout, seed: int,
@@ -159,7 +160,8 @@ def task_sampler(corpus_path: Path, model_dir: Path, layout: Layout, seed: int,
                        decoy_share=options.decoy_share, answerable_decoy_share=options.answerable_decoy_share,
                        written_not_found_share=options.written_not_found_share,
                        written_unanswered_share=options.written_unanswered_share,
-                       filled_context_share=options.filled_context_share)
+                       filled_context_share=options.filled_context_share,
+                       written_page_share=options.written_page_share)
 
 
 class Batches(torch.utils.data.IterableDataset):
@@ -328,6 +330,10 @@ def main() -> None:
                     help="of the passages sentence_qa, parsed_qa and written_qa show, the share placed among "
                          "real text that fills their chunk, as a document's chunks are at inference (one within "
                          f"{MIN_FILL} tokens of a full chunk stays as it is; default 0: each alone in a shorter chunk)")
+    ap.add_argument("--written-page-share", type=_share, default=0.0,
+                    help="of the passages written_qa shows for an answer or an unanswered question, the share "
+                         "placed among the other passages of their own document, as a manual's page holds them "
+                         "(default 0: as --filled-context-share places them)")
     ap.add_argument("--reword-share", type=_share, default=0.0,
                     help="of sentence_qa's and parsed_qa's questions, the share reworded as people ask "
                          "(training.reworded_questions; needs --synonyms; default 0: none)")
@@ -403,7 +409,7 @@ def main() -> None:
             decoy_share=args.decoy_share, answerable_decoy_share=args.answerable_decoy_share,
             written_not_found_share=args.written_not_found_share,
             written_unanswered_share=args.written_unanswered_share,
-            filled_context_share=args.filled_context_share)),
+            filled_context_share=args.filled_context_share, written_page_share=args.written_page_share)),
         batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0,
         prefetch_factor=4 if args.workers > 0 else None, pin_memory=device.type == "cuda")
     gen = torch.Generator(device=device).manual_seed(data_seed)
@@ -486,6 +492,7 @@ def main() -> None:
             "written_not_found_share": args.written_not_found_share,
             "written_unanswered_share": args.written_unanswered_share,
             "filled_context_share": args.filled_context_share,
+            "written_page_share": args.written_page_share,
             "written_questions_sha256": written_questions_digest() if args.task_weights.get("written_qa") else None,
             "init_from": init_from, "start_stage": start_stage,
             "pool_kv_heads": args.pool_kv_heads,

@@ -106,6 +106,13 @@ NIAH_ABSENT_SHARED_WORD_SHARE = 0.5
 NIAH_ABSENT_LIST_WORDING_SHARE = 0.3
 
 
+def _share(name: str, value: float) -> float:
+    """`value`, a share of examples, checked to lie within [0, 1]."""
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be within [0, 1], got {value}")
+    return value
+
+
 class TaskSampler:
     """Draws training examples from the prepared corpus (see training/prepare.py)."""
 
@@ -122,51 +129,39 @@ class TaskSampler:
         # Of sentence_qa's and parsed_qa's questions, the share reworded as people ask
         # (training.reworded_questions, with `synonyms` from training.synonyms; written_qa's are
         # written so already). 0 draws the streams of the runs before rewording existed.
-        if not 0.0 <= reword_share <= 1.0:
-            raise ValueError(f"reword_share must be within [0, 1], got {reword_share}")
+        self.reword_share = _share("reword_share", reword_share)
         if reword_share and synonyms is None:
             raise ValueError("rewording questions needs a synonym map (training.synonyms)")
-        self.reword_share = reword_share
         self.rewording = Rewording(synonyms, one_token_words(encode)) if synonyms is not None else None
         # Of the unanswerable examples of the tasks that ask over real text (sentence_qa, parsed_qa,
         # written_qa, hotpot), the share that are near misses: passages on the question's topic that
         # do not hold its answer, as a search finds for a question the document cannot answer. 0
         # draws the streams of the runs before near misses existed.
-        if not 0.0 <= near_miss_share <= 1.0:
-            raise ValueError(f"near_miss_share must be within [0, 1], got {near_miss_share}")
-        self.near_miss_share = near_miss_share
+        self.near_miss_share = _share("near_miss_share", near_miss_share)
         # Of sentence_qa's, parsed_qa's and written_qa's near misses, the share shown with a decoy
         # besides: a sentence from elsewhere in the corpus holding a value of the answer's kind about
         # another subject (training.decoy_values). 0 draws the streams of the runs before decoys
         # existed.
-        if not 0.0 <= decoy_share <= 1.0:
-            raise ValueError(f"decoy_share must be within [0, 1], got {decoy_share}")
+        self.decoy_share = _share("decoy_share", decoy_share)
         if decoy_share and not near_miss_share:
             raise ValueError("decoys are shown in near misses: decoy_share needs near_miss_share")
-        self.decoy_share = decoy_share
         # Of sentence_qa's, parsed_qa's and written_qa's answerable examples, the share whose context
         # holds a decoy too: the same kind of value about another subject beside the answer. Decoys
         # only in unanswerable examples teach "a decoy in view means not found", and a model that
         # cannot tell the decoy from the answer refuses both; with decoys on both sides only telling
         # them apart pays. 0 draws the streams of the runs before it existed.
-        if not 0.0 <= answerable_decoy_share <= 1.0:
-            raise ValueError(f"answerable_decoy_share must be within [0, 1], got {answerable_decoy_share}")
-        self.answerable_decoy_share = answerable_decoy_share
+        self.answerable_decoy_share = _share("answerable_decoy_share", answerable_decoy_share)
         # Of written_qa's examples, the share asked where the passage shown does not answer: people
         # ask a page what it does not say (a third of eval-pdfs' questions), and a model that only
         # ever saw a person's question answered learns to answer every one.
-        if not 0.0 <= written_not_found_share <= 1.0:
-            raise ValueError(f"written_not_found_share must be within [0, 1], got {written_not_found_share}")
-        self.written_not_found_share = written_not_found_share
+        self.written_not_found_share = _share("written_not_found_share", written_not_found_share)
         # Of written_qa's examples of items that have them, the share asking one of the item's
         # unanswered questions over its own whole passage ("not found"): the hardest near miss, a
         # page on the question's very subject, with values of its kind, that does not state the one
         # asked. A reader that learned "a person's question over the page on its topic has its
         # answer there" makes one up from such a page. 0 draws the stream the same items draw
         # without unanswered questions.
-        if not 0.0 <= written_unanswered_share <= 1.0:
-            raise ValueError(f"written_unanswered_share must be within [0, 1], got {written_unanswered_share}")
-        self.written_unanswered_share = written_unanswered_share
+        self.written_unanswered_share = _share("written_unanswered_share", written_unanswered_share)
         # Of the passages the reading tasks show (sentence_qa's, parsed_qa's and written_qa's context,
         # a near miss's sentences, a near passage), the share placed among real text that fills their
         # chunk, as every chunk but a document's last is full at inference (a passage within MIN_FILL
@@ -174,9 +169,7 @@ class TaskSampler:
         # 127-token chunk: shown only so, "the short chunk holds the answer" is learned, and a PDF's
         # full chunks are read as no passage seen in training. 0 draws the stream of the runs before
         # it existed.
-        if not 0.0 <= filled_context_share <= 1.0:
-            raise ValueError(f"filled_context_share must be within [0, 1], got {filled_context_share}")
-        self.filled_context_share = filled_context_share
+        self.filled_context_share = _share("filled_context_share", filled_context_share)
         # Of the passages written_qa shows for an answer or an unanswered question, the share placed
         # among the other passages of their own document (before it those the file has before it,
         # after it those after), as a manual's page holds a passage among its neighbours' options,
@@ -184,9 +177,7 @@ class TaskSampler:
         # (probe-reading --written, `written, in its page`). Beside an unanswered question stand only
         # passages naming none of its subject words: another might answer it. The rest are placed
         # as filled_context_share says. 0 draws the stream of the runs before it existed.
-        if not 0.0 <= written_page_share <= 1.0:
-            raise ValueError(f"written_page_share must be within [0, 1], got {written_page_share}")
-        self.written_page_share = written_page_share
+        self.written_page_share = _share("written_page_share", written_page_share)
         # How many keys a multi-query question asks for, drawn uniformly from this list; None draws
         # 2-4 uniformly (the default stream). RULER's niah_multiquery always asks for 4.
         if multiquery_keys is not None and (not multiquery_keys or any(not 1 <= n <= 4 for n in multiquery_keys)):

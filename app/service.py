@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -257,11 +257,12 @@ class AskEvent:
     may_change: bool = False
 
 
-ANSWER_MEMO = "answer-v8"  # {"document_ids": [...], "result": AskResult as JSON}
+ANSWER_MEMO = "answer-v9"  # {"document_ids": [...], "result": AskResult as JSON}
 # Earlier versions' answers (another rule gave them), purged with a document as well: the memo
 # would evict them only by age, and a deleted document's answers must not outlive it.
-# v6: near copies of a span flagged, not mended; v7: the selection's margin read the fused scores
-RETIRED_ANSWER_MEMOS = ("answer-v2", "answer-v3", "answer-v4", "answer-v5", "answer-v6", "answer-v7")
+# v6: near copies of a span flagged, not mended; v7: the selection's margin read the fused scores;
+# v8: list answers not completed from the chunks read alone
+RETIRED_ANSWER_MEMOS = ("answer-v2", "answer-v3", "answer-v4", "answer-v5", "answer-v6", "answer-v7", "answer-v8")
 # A PDF's extracted text and pages ({"text", "pages", "mime"}), by the document's id. "extracted"
 # held pypdf's text, which glues the words of some PDFs (app.pdf_text): never read again, deleted
 # with its document.
@@ -269,13 +270,15 @@ EXTRACTED_MEMO = "extracted-v2"
 EXTRACTED_MEMOS = (EXTRACTED_MEMO, "extracted")
 
 
-def citation_order(ranking: list[float], answered_from: int | None) -> list[int]:
+def citation_order(ranking: list[float], answered_from: int | None, gathered_from: Sequence[int] = ()
+                   ) -> list[int]:
     """Pure: the order to cite selected chunks in (indices into `ranking`): the chunk that alone gave
-    the answer first (AnswerParams.read_chunks_alone), then by the score the selection ranked them
-    by, the scorer's fused with BM25. Measured on `docqa-tools eval-pdfs` (held-out manuals): the
-    passage cited first held the answer for 8% of the questions in the scorer's own order, 28% in
+    the answer first (AnswerParams.read_chunks_alone), then those that alone gave the values a list
+    answer was completed with (AnswerTrace.gathered_from), then by the score the selection ranked
+    them by, the scorer's fused with BM25. Measured on `docqa-tools eval-pdfs` (held-out manuals):
+    the passage cited first held the answer for 8% of the questions in the scorer's own order, 28% in
     this one (58% among all the cited)."""
-    return sorted(range(len(ranking)), key=lambda i: (i != answered_from, -ranking[i]))
+    return sorted(range(len(ranking)), key=lambda i: (i != answered_from, i not in gathered_from, -ranking[i]))
 
 
 def _utc_now() -> str:
@@ -835,7 +838,7 @@ class DocQA:
         # The anchors' rows follow the selection (document order); they are kept in the
         # citations' order (best first), so that row i is citation i wherever they are shown.
         anchor_rows = tr.anchors_decode.tolist() if tr.anchors_decode is not None else []
-        order = citation_order(tr.selected_fused_scores or tr.selected_scores, tr.answered_from)
+        order = citation_order(tr.selected_fused_scores or tr.selected_scores, tr.answered_from, tr.gathered_from)
         citations = [citations[i] for i in order]
         anchors = [anchor_rows[i] for i in order] if len(anchor_rows) == len(order) else anchor_rows
         best = max(tr.selected_scores, default=float("-inf"))

@@ -104,6 +104,7 @@ def test_citations_follow_the_selections_ranking_after_the_chunk_that_answered_a
 
     assert citation_order([-2.0, -1.0, -3.0], None) == [1, 0, 2]
     assert citation_order([-2.0, -1.0, -3.0], 2) == [2, 1, 0]
+    assert citation_order([-2.0, -1.0, -3.0, -4.0], 2, [3]) == [2, 3, 1, 0]  # then the chunks a list was completed from
     assert citation_order([], None) == []
 
 

@@ -56,3 +56,22 @@ def test_finds_a_needle_in_a_4k_haystack(engine, key, value, depth, mode):
     holding = [i for i in range(doc.num_chunks)
                if value[:3] in engine.tokenizer.decode(doc.tokens[i, 1:int(doc.lengths[i])].tolist())]
     assert any(r.chunk in holding for r in result.trace.selected)
+
+
+@pytest.mark.parametrize("key,values", [("quiet-harbor", ["5285656", "7015227", "9892593", "1486626"]),
+                                        ("misty-canyon", ["7388057", "2710846", "5183075", "1220019"])])
+def test_a_list_answer_holds_every_value_the_chosen_chunks_state(engine, key, values):
+    """Four values of one key in four chunks: here the reading over all four lists three (repeating
+    one), and the chunks read alone give the fourth (engine.method.reading.gathered_values). Should a
+    retrained model list all four at once, `gathered_from` is empty and these cases no longer test
+    the gathering: pick others (a haystack as below, other keys) where it does."""
+    filler = [REPEAT_HAYSTACK] * 50
+    for j, value in enumerate(values):
+        filler.insert(int((0.15 + 0.22 * j) * len(filler)), f"One of the special magic numbers for {key} is: {value}.")
+    doc = engine.prefill_text(" ".join(filler), model_defaults(BUNDLED_MODEL).chunk_size)
+    question = f"What are all the special magic numbers for {key} mentioned in the provided text?"
+    result = engine.answer(doc, question, answer_params(model_defaults(BUNDLED_MODEL)))
+    assert set(result.text.split(", ")) == set(values)
+    assert result.trace.gathered_from and result.trace.answered_from is not None
+    for i in result.trace.gathered_from:  # each added value is one its chunk gave alone
+        assert result.trace.lone_answers[i].split(", ")[0] in values

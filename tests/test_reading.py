@@ -10,7 +10,7 @@ import torch
 from engine import AnswerParams, AnswerResult, JointAnswer, ReadsAlone, SamplingParams
 from engine.decode.loop import DecodeStep
 from engine.decode.static import StaticBatch, StaticDecoder
-from engine.method.answer import prepare_answer
+from engine.method.answer import LoneReadings, prepare_answer
 from engine.method.kv_cache import take_chunks
 from engine.method.reading import (
     abstains,
@@ -20,7 +20,10 @@ from engine.method.reading import (
     confirmed_answer,
     confirms,
     first_confirming,
+    gathered_values,
+    gathers,
     lone_readings_settled,
+    with_values,
 )
 from engine.scheduler import AnswerScheduler
 from tests.tiny_inputs import asked_together, doc_ids
@@ -84,6 +87,37 @@ def test_the_joint_answer_is_confirmed_by_any_lone_reading_and_settled_by_the_fi
     assert not confirmation_settled("59", ["not found", "60"], "not found")  # a third chunk may confirm it
     assert confirmation_settled("59", ["59"], "not found")
     assert confirmation_settled("not found", [], "not found")  # nothing can confirm a refusal: none is read
+
+
+@pytest.mark.parametrize(("joint", "alone", "passages", "added"), [
+    # the joint reading listed three of four values, repeating one; the fourth chunk alone gives it
+    ("5496338, 8089004, 9180076, 9180076", ["5496338, 5496338", "not found", "7675088, 7675088"],
+     ["is: 5496338.", "plain text", "for x is: 7675088."], [(2, "7675088")]),
+    ("Owen Rossi and Ada Lee", ["Ada Lee", "Jonas Abara"], ["Ada Lee", "chair: Jonas Abara."], [(1, "Jonas Abara")]),
+    ("7, 8", ["9", "9; 10"], ["9", "10 and 9"], [(0, "9"), (1, "10")]),  # each value once, in reading order
+    ("7, 8", ["9"], ["the value is 99"], []),  # a value its chunk does not hold (made up) is never added
+    ("7, 8", ["Not found."], ["7"], []),
+    ("1,840", ["1,500"], ["1,500"], []),  # one value (a comma inside a number): no list to complete
+    ("59", ["60"], ["60"], []),
+    ("not found", ["60"], ["60"], []),
+])
+def test_a_confirmed_list_answer_gains_the_values_chunks_alone_hold(joint, alone, passages, added):
+    assert gathered_values(joint, alone, passages, "not found") == added
+
+
+def test_a_list_answer_is_completed_in_its_own_words():
+    assert gathers("7, 8", "not found") and gathers("Ada Lee and Owen Rossi", "not found")
+    assert not gathers("1,840", "not found") and not gathers("Ada Lee", "not found")
+    assert not gathers("not found", "not found")
+    assert with_values("5496338, 8089004.", ["7675088"]) == "5496338, 8089004, 7675088"
+    assert with_values("7, 8", []) == "7, 8"
+
+
+def test_a_list_answer_reads_every_chunk_alone():
+    """Confirmed by the first chunk, a list answer still reads the others, which may add a value."""
+    lone = LoneReadings([], None, None, AnswerParams(read_chunks_alone=True, confirm_with_lone_reading=True,
+                                                     abstain_answer="not found"))
+    assert not lone.settled("7, 8", ["7"]) and lone.settled("7", ["7"]) and lone.settled("not found", [])
 
 
 def test_confirming_needs_the_lone_readings():

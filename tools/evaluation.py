@@ -50,6 +50,8 @@ class EvalRow:
     # into "not found" (AnswerParams.confirm_with_lone_reading): what a miss by confirmation lost.
     lone_answers: list[str] = field(default_factory=list)
     unconfirmed: str | None = None
+    # The lone readings whose values completed a confirmed list answer (AnswerTrace.gathered_from).
+    gathered_from: list[int] = field(default_factory=list)
 
 
 def answer_chunks(sample: ruler.Sample, offsets: list[tuple[int, int]], content_starts: torch.Tensor) -> set[int]:
@@ -137,7 +139,7 @@ def evaluate(engine: Engine, samples: list[ruler.Sample], modes: list[str], chun
             row = EvalRow(s.task, s.length, s.index, label, ruler.score(s.task, result.text, s.outputs),
                           result.text, [str(o) for o in s.outputs], s.depth, selected, seconds, recall,
                           len(result.trace.selected), m, seen, enc, setting, list(result.trace.lone_answers),
-                          result.trace.unconfirmed)
+                          result.trace.unconfirmed, list(result.trace.gathered_from))
             rows.append(row)
             if rows_path is not None:
                 with open(rows_path, "a") as f:

@@ -61,7 +61,10 @@ from engine.method.reading import (
     confirmation_settled,
     confirmed_answer,
     first_confirming,
+    gathered_values,
+    gathers,
     lone_readings_settled,
+    with_values,
 )
 from engine.method.scoring import (
     LIKELIHOOD_SCORERS,
@@ -198,6 +201,9 @@ class AnswerTrace:
     # With AnswerParams.confirm_with_lone_reading: the joint answer that no lone reading confirmed,
     # given as the abstain answer instead (None: confirmed, abstained, or not checked).
     unconfirmed: str | None = None
+    # With confirm_with_lone_reading, a confirmed list answer: the lone readings (indices into
+    # lone_answers) whose values it was completed with (engine.method.reading.gathered_values).
+    gathered_from: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -432,18 +438,20 @@ class LoneReadings:
 
     def settled(self, joint: str, alone: list[str]) -> bool:
         """Whether the readings so far decide what is answered (the rest need not be read)."""
-        if self.params.confirm_with_lone_reading:
-            return confirmation_settled(joint, alone, self.params.abstain_answer)
+        if self.params.confirm_with_lone_reading:  # a list reads every chunk: each may add a value
+            return not gathers(joint, self.params.abstain_answer) and \
+                confirmation_settled(joint, alone, self.params.abstain_answer)
         return lone_readings_settled(alone, self.params.abstain_answer)
 
     def read(self, runner: Runner, tokenizer, trace: AnswerTrace, joint: str
              ) -> Generator[LogitsRequest | BlockDone, torch.Tensor | DecidedStep | BlockRefreshed | None,
-                            list[tuple[str, list[int]]]]:
+                            list[tuple[str, list[int], str]]]:
         """Decodes the chunks alone in selected order, yielding each step's LogitsRequest and each
         BlockDone (the caller answers them, alone or batched), until the readings settle what is
-        answered given the `joint` answer (`settled`); returns the readings, (text, ids) each."""
-        readings: list[tuple[str, list[int]]] = []
-        while self.chunks and not self.settled(joint, [text for text, _ in readings]):
+        answered given the `joint` answer (`settled`); returns the readings, (text, ids, the
+        chunk's own text) each."""
+        readings: list[tuple[str, list[int], str]] = []
+        while self.chunks and not self.settled(joint, [text for text, _, _ in readings]):
             chunk = self.chunks.pop(0)
             scratch = dataclasses.replace(trace, reselections=[])  # answer_decoder fills its kept tokens
             decoder = answer_decoder(runner, [chunk], self.prompt, self.rows, [ChunkRef(0, 0)], self.params, scratch)
@@ -458,7 +466,8 @@ class LoneReadings:
                     break
                 # Its DecodeSteps are not the answer's: only the requests go out.
                 reply = (yield item) if isinstance(item, (LogitsRequest, BlockDone)) else None
-            readings.append((tokenizer.decode(ids, skip_special_tokens=True).strip(), ids))
+            readings.append((tokenizer.decode(ids, skip_special_tokens=True).strip(), ids,
+                             tokenizer.decode(chunk.content_ids().tolist(), skip_special_tokens=True)))
         return readings
 
 
@@ -516,7 +525,7 @@ class PreparedAnswer:
             return result
         finally:
             self.clock.lap("lone_readings", t)
-        self.trace.lone_answers = [lone_text for lone_text, _ in readings]
+        self.trace.lone_answers = [lone_text for lone_text, _, _ in readings]
         abstain = lone.params.abstain_answer
         if lone.params.confirm_with_lone_reading:
             # A confirmed answer is cited from the chunk that confirmed it; an unconfirmed one is
@@ -527,11 +536,17 @@ class PreparedAnswer:
                     self.trace.unconfirmed = text
                 result.text, result.answer_ids = abstain, tokenizer(abstain, add_special_tokens=False)["input_ids"]
             elif confirmed_answer(text, readings[self.trace.answered_from][0]) != text:
-                result.text, result.answer_ids = readings[self.trace.answered_from]
+                result.text, result.answer_ids = readings[self.trace.answered_from][:2]
+            added = gathered_values(result.text, self.trace.lone_answers, [passage for _, _, passage in readings],
+                                    abstain)
+            if added:
+                self.trace.gathered_from = sorted({i for i, _ in added})
+                result.text = with_values(result.text, [value for _, value in added])
+                result.answer_ids = tokenizer(result.text, add_special_tokens=False)["input_ids"]
             return result
         self.trace.answered_from = choose_lone_reading(text, self.trace.lone_answers, abstain)
         if self.trace.answered_from is not None:
-            result.text, result.answer_ids = readings[self.trace.answered_from]
+            result.text, result.answer_ids = readings[self.trace.answered_from][:2]
         return result
 
 

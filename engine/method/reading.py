@@ -5,8 +5,10 @@ over K chunks it may copy another subject's value from a neighbouring chunk, or 
 a fact that one of them states. So, as open-domain QA readers do (each retrieved passage read on its
 own, the answers compared), the answer decoded over all selected chunks together (the joint
 reading) is checked against each chunk read alone (`AnswerParams.read_chunks_alone`), and with
-`AnswerParams.confirm_with_lone_reading` given only where one of those confirms it. Pure: the
-readings are texts.
+`AnswerParams.confirm_with_lone_reading` given only where one of those confirms it. A confirmed
+list answer is then completed from the chunks read alone (`gathered_values`): over K chunks that
+each hold one of a key's values, the reader lists all but one of them at times (repeating one in
+its slot), where each chunk read alone gives its own. Pure: the readings and passages are texts.
 """
 
 from __future__ import annotations
@@ -29,16 +31,23 @@ def abstains(text: str, abstain_answer: str) -> bool:
     return not _normalized(text) or _normalized(text) == _normalized(abstain_answer)
 
 
+_LIST_SEPARATOR = re.compile(r",\s+|;\s*|\s+and\s+")  # not a comma inside a number ("1,840")
+
+
 def _items(text: str) -> set[tuple[str, ...]]:
-    """A list answer's values, each as its words ("7, 8 and 9" -> {("7",), ("8",), ("9",)}); a
-    comma inside a number ("1,840") does not split it."""
-    return {tuple(_words(item)) for item in re.split(r",\s+|;\s*|\s+and\s+", text) if _words(item)}
+    """A list answer's values, each as its words ("7, 8 and 9" -> {("7",), ("8",), ("9",)})."""
+    return {tuple(_words(item)) for item in _LIST_SEPARATOR.split(text) if _words(item)}
 
 
 def _part_of(part: list[str], whole: list[str]) -> bool:
     """Whether `part` is a run of consecutive words of `whole`, shorter than it."""
     n = len(part)
     return 0 < n < len(whole) and any(whole[i:i + n] == part for i in range(len(whole) - n + 1))
+
+
+def _written_in(part: list[str], whole: list[str]) -> bool:
+    """Whether `part` is a run of consecutive words of `whole` (or all of it)."""
+    return bool(part) and (part == whole or _part_of(part, whole))
 
 
 def lone_readings_settled(alone: list[str], abstain_answer: str) -> bool:
@@ -100,3 +109,35 @@ def choose_lone_reading(joint: str, alone: list[str], abstain_answer: str) -> in
     if not abstains(joint, abstain_answer) and _part_of(_words(alone[answering[0]]), _words(joint)):
         return None
     return answering[0]
+
+
+def gathers(joint: str, abstain_answer: str) -> bool:
+    """Whether the joint answer is a list (two values or more): then every chunk is read alone,
+    since each may hold a value the joint reading left out (`gathered_values`)."""
+    return not abstains(joint, abstain_answer) and len(_items(joint)) >= 2
+
+
+def gathered_values(joint: str, alone: list[str], passages: list[str], abstain_answer: str
+                    ) -> list[tuple[int, str]]:
+    """The values chunks read alone add to the joint list answer, as (reading, value) in reading
+    order: each value of a lone reading that answers, which the joint answer lacks, and whose words
+    its own chunk (`passages[reading]`) holds in a row, so that a value a reading made up is never
+    added; each value once. Nothing where the joint answer is no list (`gathers`)."""
+    if not gathers(joint, abstain_answer):
+        return []
+    seen, added = set(_items(joint)), []
+    for i, (text, passage) in enumerate(zip(alone, passages, strict=True)):
+        if abstains(text, abstain_answer):
+            continue
+        held = _words(passage)
+        for item in _LIST_SEPARATOR.split(text):
+            value = tuple(_words(item))
+            if value and value not in seen and _written_in(list(value), held):
+                seen.add(value)
+                added.append((i, item.strip(" .")))
+    return added
+
+
+def with_values(joint: str, values: list[str]) -> str:
+    """The joint list answer with `values` appended ("7, 8" + ["9"] -> "7, 8, 9")."""
+    return ", ".join([joint.strip().rstrip(".")] + values) if values else joint

@@ -50,7 +50,8 @@ class ModelDefaults:
     # (engine.method.reading; static mode without re-selection); needs abstain_answer.
     read_chunks_alone: bool = False
     # With read_chunks_alone: give an answer only where a chosen chunk read alone confirms it, else
-    # "not found" (engine.method.reading.confirmed).
+    # "not found" (engine.method.reading.confirmed); a confirmed list of like values is completed
+    # with the values the other chunks give alone and hold (engine.method.reading.gathered_values).
     confirm_with_lone_reading: bool = False
 
 
@@ -85,7 +86,8 @@ FIELD_HELP: dict[str, str] = {
     "read_chunks_alone": "Static mode: also read each chosen passage alone; where exactly one of them alone "
                          "holds an answer, that answer is given (and that passage cited first).",
     "confirm_with_lone_reading": "With read_chunks_alone: give an answer only where a chosen passage read alone "
-                                 "gives it too; otherwise say it was not found.",
+                                 "gives it too; otherwise say it was not found. A confirmed list also gets the "
+                                 "values other passages give alone and contain.",
 }
 
 

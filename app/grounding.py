@@ -43,9 +43,9 @@ MAX_SPAN_WORDS = 16  # longer answers are sentences, not copied values: they are
 MIN_SPAN_CHARS = 6
 _OUTER_PUNCTUATION = " .,;:!?\"'"
 _NUMBER = re.compile(r"\d+")
-# "A, B and C" / "A; B" / "A or B": the items of a list answer. A comma inside a number ("7,160")
+# "A, B and C" / "A, B, and C" / "A; B" / "A or B": the items of a list answer. A comma inside a number ("7,160")
 # has no space after it and stays.
-_ITEM_SEPARATORS = re.compile(r",\s+|;\s*|\s+(?:and|or|&)\s+")
+_ITEM_SEPARATORS = re.compile(r",?\s+(?:and|or|&)\s+|,\s+|;\s*")
 # The rest of a word, identifier or number cut inside it: a word character right after the cut,
 # then word characters and a dot, comma, colon, slash or hyphen between two of them ("1,8|40",
 # "os.pa|th.join", "Sa|to"); a space ends it. Nothing where the cut falls at a word's end: "10" of

@@ -71,7 +71,8 @@ def test_a_list_answer_holds_every_value_the_chosen_chunks_state(engine, key, va
     doc = engine.prefill_text(" ".join(filler), model_defaults(BUNDLED_MODEL).chunk_size)
     question = f"What are all the special magic numbers for {key} mentioned in the provided text?"
     result = engine.answer(doc, question, answer_params(model_defaults(BUNDLED_MODEL)))
-    assert set(result.text.split(", ")) == set(values)
+    given = result.text.split(", ")
+    assert sorted(given) == sorted(values)  # each value once
     assert result.trace.gathered_from and result.trace.answered_from is not None
     for i in result.trace.gathered_from:  # each added value is one its chunk gave alone
-        assert result.trace.lone_answers[i].split(", ")[0] in values
+        assert set(result.trace.lone_answers[i].split(", ")) <= set(values)

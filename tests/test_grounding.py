@@ -107,6 +107,7 @@ def test_a_list_value_given_twice_is_shown_once():
     assert without_repeated_items("6022724, 8164575, 6022724 and 1363390") == "6022724, 8164575 and 1363390"
     assert without_repeated_items("Rye, goat cheese and rye.") == "Rye, goat cheese"
     assert without_repeated_items("a; b; A") == "a; b"
+    assert without_repeated_items("7, 8, and 8") == "7, 8"  # the Oxford comma's "and 8" is the value 8
     for unchanged in ("1,840 euros", "PDF, JSON and PNG.", "salt or pepper", "", "x, y, z"):
         assert without_repeated_items(unchanged) == unchanged
     sentence = "The cache, the index and the cache are rebuilt at start, so the first run is slow and so on"

@@ -95,9 +95,16 @@ def test_the_joint_answer_is_confirmed_by_any_lone_reading_and_settled_by_the_fi
      ["is: 5496338.", "plain text", "for x is: 7675088."], [(2, "7675088")]),
     ("Owen Rossi and Ada Lee", ["Ada Lee", "Jonas Abara"], ["Ada Lee", "chair: Jonas Abara."], [(1, "Jonas Abara")]),
     ("7, 8", ["9", "9; 10"], ["9", "10 and 9"], [(0, "9"), (1, "10")]),  # each value once, in reading order
+    ("7, 8, and 9", ["9", "10"], ["9", "10"], [(1, "10")]),  # the Oxford comma's "and 9" is the value 9
     ("7, 8", ["9"], ["the value is 99"], []),  # a value its chunk does not hold (made up) is never added
+    ("7, 8", ["840"], ["costs 1,840 euros"], []),  # numbers compared whole
+    ("7, 8", ["1,84"], ["costs 1,840 euros"], []),  # a value cut short
+    ("7, 8", ["Jonas Abara"], ["chair: Jonas Abara"], []),  # not of the list's shape
     ("7, 8", ["Not found."], ["7"], []),
     ("1,840", ["1,500"], ["1,500"], []),  # one value (a comma inside a number): no list to complete
+    ("March 5, 2021", ["April 2, 2020"], ["April 2, 2020"], []),  # a date: values of unlike shapes
+    ("Greenwich Village, New York City", ["Manhattan"], ["Manhattan"], []),  # a place, not a list
+    ("10th and 11th centuries", ["1966"], ["in 1966"], []),
     ("59", ["60"], ["60"], []),
     ("not found", ["60"], ["60"], []),
 ])
@@ -105,12 +112,14 @@ def test_a_confirmed_list_answer_gains_the_values_chunks_alone_hold(joint, alone
     assert gathered_values(joint, alone, passages, "not found") == added
 
 
-def test_a_list_answer_is_completed_in_its_own_words():
+def test_only_like_values_make_a_list_and_a_completed_list_gives_each_value_once():
     assert gathers("7, 8", "not found") and gathers("Ada Lee and Owen Rossi", "not found")
+    assert gathers("7, 8, and 9", "not found") and gathers("7, 7", "not found") is False
     assert not gathers("1,840", "not found") and not gathers("Ada Lee", "not found")
-    assert not gathers("not found", "not found")
-    assert with_values("5496338, 8089004.", ["7675088"]) == "5496338, 8089004, 7675088"
-    assert with_values("7, 8", []) == "7, 8"
+    assert not gathers("March 5, 2021", "not found") and not gathers("not found", "not found")
+    assert with_values("5496338, 8089004, 8089004.", ["7675088"]) == "5496338, 8089004, 7675088"
+    assert with_values("7, 8, and 9", ["10"]) == "7, 8, 9, 10"
+    assert with_values("7, 8, 8", []) == "7, 8, 8"  # nothing added: the answer as it was
 
 
 def test_a_list_answer_reads_every_chunk_alone():

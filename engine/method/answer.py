@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -419,6 +420,14 @@ def _dense_prompt(prompt: QuestionPrompt, documents: Sequence[DocumentKV], bos_i
     return torch.cat(parts)
 
 
+class LoneReading(NamedTuple):
+    """One selected chunk's answer read alone."""
+
+    text: str
+    ids: list[int]
+    passage: str  # the chunk's own text (what a value it adds to a list must be written in)
+
+
 @dataclass
 class LoneReadings:
     """Each selected chunk read alone: the answer decoded over that chunk's static context and the
@@ -445,13 +454,12 @@ class LoneReadings:
 
     def read(self, runner: Runner, tokenizer, trace: AnswerTrace, joint: str
              ) -> Generator[LogitsRequest | BlockDone, torch.Tensor | DecidedStep | BlockRefreshed | None,
-                            list[tuple[str, list[int], str]]]:
+                            list[LoneReading]]:
         """Decodes the chunks alone in selected order, yielding each step's LogitsRequest and each
         BlockDone (the caller answers them, alone or batched), until the readings settle what is
-        answered given the `joint` answer (`settled`); returns the readings, (text, ids, the
-        chunk's own text) each."""
-        readings: list[tuple[str, list[int], str]] = []
-        while self.chunks and not self.settled(joint, [text for text, _, _ in readings]):
+        answered given the `joint` answer (`settled`); returns the readings."""
+        readings: list[LoneReading] = []
+        while self.chunks and not self.settled(joint, [reading.text for reading in readings]):
             chunk = self.chunks.pop(0)
             scratch = dataclasses.replace(trace, reselections=[])  # answer_decoder fills its kept tokens
             decoder = answer_decoder(runner, [chunk], self.prompt, self.rows, [ChunkRef(0, 0)], self.params, scratch)
@@ -466,8 +474,8 @@ class LoneReadings:
                     break
                 # Its DecodeSteps are not the answer's: only the requests go out.
                 reply = (yield item) if isinstance(item, (LogitsRequest, BlockDone)) else None
-            readings.append((tokenizer.decode(ids, skip_special_tokens=True).strip(), ids,
-                             tokenizer.decode(chunk.content_ids().tolist(), skip_special_tokens=True)))
+            readings.append(LoneReading(tokenizer.decode(ids, skip_special_tokens=True).strip(), ids,
+                                        tokenizer.decode(chunk.content_ids().tolist(), skip_special_tokens=True)))
         return readings
 
 
@@ -525,7 +533,7 @@ class PreparedAnswer:
             return result
         finally:
             self.clock.lap("lone_readings", t)
-        self.trace.lone_answers = [lone_text for lone_text, _, _ in readings]
+        self.trace.lone_answers = [reading.text for reading in readings]
         abstain = lone.params.abstain_answer
         if lone.params.confirm_with_lone_reading:
             # A confirmed answer is cited from the chunk that confirmed it; an unconfirmed one is
@@ -535,10 +543,13 @@ class PreparedAnswer:
                 if not abstains(text, abstain):
                     self.trace.unconfirmed = text
                 result.text, result.answer_ids = abstain, tokenizer(abstain, add_special_tokens=False)["input_ids"]
-            elif confirmed_answer(text, readings[self.trace.answered_from][0]) != text:
-                result.text, result.answer_ids = readings[self.trace.answered_from][:2]
-            added = gathered_values(result.text, self.trace.lone_answers, [passage for _, _, passage in readings],
-                                    abstain)
+                return result
+            confirming = readings[self.trace.answered_from]
+            if confirmed_answer(text, confirming.text) != text:
+                result.text, result.answer_ids = confirming.text, confirming.ids
+            # Where the joint answer is a list, every chunk was read alone (LoneReadings.settled).
+            added = gathered_values(result.text, self.trace.lone_answers, [r.passage for r in readings],
+                                    abstain) if gathers(text, abstain) else []
             if added:
                 self.trace.gathered_from = sorted({i for i, _ in added})
                 result.text = with_values(result.text, [value for _, value in added])
@@ -546,7 +557,8 @@ class PreparedAnswer:
             return result
         self.trace.answered_from = choose_lone_reading(text, self.trace.lone_answers, abstain)
         if self.trace.answered_from is not None:
-            result.text, result.answer_ids = readings[self.trace.answered_from][:2]
+            chosen = readings[self.trace.answered_from]
+            result.text, result.answer_ids = chosen.text, chosen.ids
         return result
 
 

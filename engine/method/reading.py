@@ -31,7 +31,8 @@ def abstains(text: str, abstain_answer: str) -> bool:
     return not _normalized(text) or _normalized(text) == _normalized(abstain_answer)
 
 
-_LIST_SEPARATOR = re.compile(r",\s+|;\s*|\s+and\s+")  # not a comma inside a number ("1,840")
+# ", and" before ", " ("7, 8, and 9" is three values); not a comma inside a number ("1,840").
+_LIST_SEPARATOR = re.compile(r",?\s+and\s+|,\s+|;\s*")
 
 
 def _items(text: str) -> set[tuple[str, ...]]:
@@ -111,33 +112,63 @@ def choose_lone_reading(joint: str, alone: list[str], abstain_answer: str) -> in
     return answering[0]
 
 
+def _value_words(text: str) -> list[str]:
+    """Words with each number kept whole ("1,840", "3.5"): what a gathered value is told apart and
+    found in its chunk by, so that "840" is not held by "1,840" nor a value cut short ("1,84")."""
+    return re.findall(r"\d+(?:[.,:]\d+)*|\w+", text.lower())
+
+
+def _values(text: str) -> list[str]:
+    """A list answer's values as written, in order, each once ("7, 8, 8 and 9" -> ["7", "8", "9"])."""
+    values, seen = [], set()
+    for item in _LIST_SEPARATOR.split(text):
+        key = tuple(_value_words(item))
+        if key and key not in seen:
+            seen.add(key)
+            values.append(item.strip(" ."))
+    return values
+
+
+def _shape(value: str) -> tuple[bool, ...]:
+    """A value's form, per word whether it is a number: (True,) for "7675088", (False, False) for
+    "Halden Works", (False, True) for "March 5"."""
+    return tuple(word[0].isdigit() for word in _value_words(value))
+
+
 def gathers(joint: str, abstain_answer: str) -> bool:
-    """Whether the joint answer is a list (two values or more): then every chunk is read alone,
-    since each may hold a value the joint reading left out (`gathered_values`)."""
-    return not abstains(joint, abstain_answer) and len(_items(joint)) >= 2
+    """Whether the joint answer is a list of like values (two or more of one shape: numbers, or
+    names of as many words): then every chunk is read alone, since each may hold a value the joint
+    reading left out (`gathered_values`). A date ("March 5, 2021"), a place ("Greenwich Village,
+    New York City") or a span ("10th and 11th centuries") has values of unlike shapes: no list."""
+    values = _values(joint) if not abstains(joint, abstain_answer) else []
+    return len(values) >= 2 and len({_shape(v) for v in values}) == 1
 
 
 def gathered_values(joint: str, alone: list[str], passages: list[str], abstain_answer: str
                     ) -> list[tuple[int, str]]:
     """The values chunks read alone add to the joint list answer, as (reading, value) in reading
-    order: each value of a lone reading that answers, which the joint answer lacks, and whose words
-    its own chunk (`passages[reading]`) holds in a row, so that a value a reading made up is never
-    added; each value once. Nothing where the joint answer is no list (`gathers`)."""
+    order: each value of a lone reading that answers, of the list's shape, which the answer lacks,
+    and whose words (numbers whole) its own chunk (`passages[reading]`) holds in a row, so that a
+    value a reading made up is never added; each value once. Nothing where the joint answer is no
+    list (`gathers`). A value another subject's sentence holds in that chunk may still be added: it
+    rests on one reading, where the list it completes was confirmed."""
     if not gathers(joint, abstain_answer):
         return []
-    seen, added = set(_items(joint)), []
+    values = _values(joint)
+    shape, seen, added = _shape(values[0]), {tuple(_value_words(v)) for v in values}, []
     for i, (text, passage) in enumerate(zip(alone, passages, strict=True)):
         if abstains(text, abstain_answer):
             continue
-        held = _words(passage)
-        for item in _LIST_SEPARATOR.split(text):
-            value = tuple(_words(item))
-            if value and value not in seen and _written_in(list(value), held):
-                seen.add(value)
-                added.append((i, item.strip(" .")))
+        held = _value_words(passage)
+        for value in _values(text):
+            key = tuple(_value_words(value))
+            if _shape(value) == shape and key not in seen and _written_in(list(key), held):
+                seen.add(key)
+                added.append((i, value))
     return added
 
 
 def with_values(joint: str, values: list[str]) -> str:
-    """The joint list answer with `values` appended ("7, 8" + ["9"] -> "7, 8, 9")."""
-    return ", ".join([joint.strip().rstrip(".")] + values) if values else joint
+    """The joint list answer, each of its values once, with `values` after them
+    ("7, 8, 8" + ["9"] -> "7, 8, 9"); the joint answer as it is where nothing is added."""
+    return ", ".join(_values(joint) + values) if values else joint

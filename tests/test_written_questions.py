@@ -102,6 +102,11 @@ def test_a_bad_line_is_named_by_its_number(tmp_path):
             read_written_questions(path)
 
 
+def _answer(ex, layout) -> str:
+    """A drawn example's answer as text, without its EOS padding."""
+    return TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+
+
 def _text_corpus(items):
     seqs = [TOK.encode(f" Paragraph {i} of plain text about nothing much.").ids for i in range(40)]
     lengths = torch.tensor([len(s) for s in seqs])
@@ -127,7 +132,7 @@ def test_written_qa_asks_a_wording_over_its_passage_each_collection_as_often():
     for _ in range(200):
         ex = sampler.sample(3, scoring_share=0.0)
         question = TOK.decode(ex.question_ids)
-        answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+        answer = _answer(ex, layout)
         item = next(q for q in items if question in q.questions)
         lone += item.group == "written-a"
         if answer == "not found":
@@ -163,7 +168,7 @@ def test_written_near_misses_show_another_passage_of_the_same_document():
         ex = sampler.sample(2, scoring_share=0.0)
         text = " ".join(TOK.decode(c) for c in ex.chunks)
         question = TOK.decode(ex.question_ids)
-        assert TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip() == "not found"
+        assert _answer(ex, layout) == "not found"
         asked = next(q for q in items if question in q.questions)
         assert asked.answer not in text and "Other stores" not in text
         assert asked.answer != "30 seconds" or "of silence" not in text
@@ -193,7 +198,7 @@ def test_unanswered_written_questions_are_asked_over_their_whole_passage():
     for _ in range(100):
         ex = sampler.sample(3, scoring_share=0.0)
         question = TOK.decode(ex.question_ids)
-        answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+        answer = _answer(ex, layout)
         shown = [TOK.decode(c) for c in ex.chunks]
         if question in with_unanswered.unanswered:
             asked["unanswered"] += 1
@@ -310,7 +315,7 @@ def test_filled_context_share_places_passages_among_text_that_fills_their_chunk(
     for _ in range(200):
         ex = filled.sample(3, scoring_share=0.0)
         question, text = TOK.decode(ex.question_ids), [TOK.decode(c) for c in ex.chunks]
-        answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+        answer = _answer(ex, layout)
         asked = next(q for q in items if question in q.questions + q.unanswered)
         shown = [t for t in text if any(x in t for q in items for x in split_sentences(q.context))]
         assert len(shown) <= 1 and all(len(c) == CHUNK - 1 for c in ex.chunks)
@@ -359,7 +364,7 @@ def test_written_page_share_reads_a_passage_among_its_documents_other_passages()
         for _ in range(200):
             ex = sampler.sample(2, scoring_share=0.0)
             question = TOK.decode(ex.question_ids)
-            answer = TOK.decode([t for t in ex.answer_ids if t != layout.eos]).strip()
+            answer = _answer(ex, layout)
             item = next(q for q in items if question in q.questions + q.unanswered)
             shown = next(TOK.decode(c) for c in ex.chunks if item.context in TOK.decode(c))
             assert "Other keeps" not in shown or item is other

@@ -425,7 +425,7 @@ class LoneReading(NamedTuple):
 
     text: str
     ids: list[int]
-    passage: str  # the chunk's own text (what a value it adds to a list must be written in)
+    chunk_ids: list[int]  # the chunk's own tokens (what a value it adds to a list must be written in)
 
 
 @dataclass
@@ -475,7 +475,7 @@ class LoneReadings:
                 # Its DecodeSteps are not the answer's: only the requests go out.
                 reply = (yield item) if isinstance(item, (LogitsRequest, BlockDone)) else None
             readings.append(LoneReading(tokenizer.decode(ids, skip_special_tokens=True).strip(), ids,
-                                        tokenizer.decode(chunk.content_ids().tolist(), skip_special_tokens=True)))
+                                        chunk.content_ids().tolist()))
         return readings
 
 
@@ -548,8 +548,10 @@ class PreparedAnswer:
             if confirmed_answer(text, confirming.text) != text:
                 result.text, result.answer_ids = confirming.text, confirming.ids
             # Where the joint answer is a list, every chunk was read alone (LoneReadings.settled).
-            added = gathered_values(result.text, self.trace.lone_answers, [r.passage for r in readings],
-                                    abstain) if gathers(text, abstain) else []
+            added = []
+            if gathers(text, abstain):
+                passages = [tokenizer.decode(r.chunk_ids, skip_special_tokens=True) for r in readings]
+                added = gathered_values(result.text, self.trace.lone_answers, passages, abstain)
             if added:
                 self.trace.gathered_from = sorted({i for i, _ in added})
                 result.text = with_values(result.text, [value for _, value in added])

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Run 35 in a third call after task-training.sh's two, on one GPU (int8, quantized here from the bf16
+# Run 35 in a call after task-training.sh's, on one GPU (int8, quantized here from the bf16
 # weights task-training.sh left in /tmp/next35 on this warm machine), the model's defaults
 # (confirmation on), static mode, BM25 prefilter 64: the held-out
 # sets at 4K on seeds 61 and 67 (15 a cell), then the written questions of the held-out

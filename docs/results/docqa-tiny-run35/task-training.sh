@@ -6,10 +6,11 @@
 # and a written passage shown among its own document's other passages 60% of the time
 # (--written-page-share 0.6, never trained before): a page as the app reads it, where run 34 read
 # 61 of 456 held-out wordings right over their passage alone and 19 over their page.
-# 14 minutes in two calls on the same warm machine: `MIN=9 TOTAL=14 bash task-training.sh`, then
-# `RESUME=1 MIN=5 TOTAL=14 bash task-training.sh`; eval-gpu.sh in a third call.
+# Trained 2026-12-07 in one call on one H100 80GB, the whole schedule: `MIN=8.5 TOTAL=8.5 bash
+# task-training.sh` (533 s, 5,984 steps); eval-gpu.sh in a second call on the same warm machine.
+# `RESUME=1` continues .train-ckpt/ft35.pt on a warm machine.
 # Carry: .whl .device-data/tasks-corpus.pt.xz .device-data/init28 .device-data/synonyms.json.xz
-# (call 1), .whl (call 2), .whl .ruler-data/s61 .ruler-data/s67 (call 3), with
+# (training), .whl .ruler-data/s61 .ruler-data/s67 (eval-gpu.sh), with
 # models/docqa-tiny/*.safetensors, docs/journal/2026-12-02-evidence.tar.xz and docs/results/ but
 # this folder deleted from the working tree for the calls. The bf16 weights are left in /tmp/next35
 # and copied to $OUT after each call.
